@@ -1,0 +1,46 @@
+# Two commands do all setup on a fresh machine: `make demo` and `make test`.
+# torch is pinned: an unpinned torch makes pip download a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.safetorch-installed
+
+.PHONY: venv demo test lint unit gpu-check bench test-compat clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]" "$(TORCH)"
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/safetorch doctor
+	$(PY) examples/demo.py
+
+lint: venv
+	$(VENV)/bin/ruff check safetorch tests benchmarks examples
+	$(VENV)/bin/ruff format --check safetorch tests benchmarks examples
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test: lint unit
+
+# Runs on a lent GPU machine with its own python3 (no venv): tests/gpu + CUDA benchmarks.
+gpu-check:
+	bash benchmarks/gpu_check.sh
+
+bench: venv
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+# Opt-in compatibility matrix (never part of `make test` or .ci/run).
+test-compat:
+	bash tools/compat.sh
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,157 @@
+"""The only module that inspects torch's version or features.
+
+Every flag is resolved once, at import. Feature detection comes first (``hasattr``,
+``inspect.signature``); ``TORCH_RELEASE`` (a ``Version(...).release`` tuple, so a
+``2.5.0.dev`` nightly does not compare below ``2.5``) is used only where detection is
+impossible. Each flag names the torch release / PR that introduced the behaviour.
+
+Implementations never test a flag per call: they select their branch at import through
+:func:`register_binder`, and tests simulate an older torch with :func:`override`, which sets
+flags and re-runs every binder so each branch runs on the installed torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple
+
+import torch
+from packaging.version import Version
+
+__all__: List[str] = []  # private module; names are used by safetorch internals and tests
+
+TORCH_VERSION: str = torch.__version__
+# .release drops local labels (+cpu, +cu121) and pre-release tags: 2.5.0.dev2024 -> (2, 5, 0).
+TORCH_RELEASE = Version(TORCH_VERSION.split("+")[0]).release
+
+
+def _params(fn: Any) -> "Dict[str, inspect.Parameter]":
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # builtins without a signature
+        return {}
+
+
+_LOAD_PARAMS = _params(torch.load)
+_LOAD_STATE_DICT_PARAMS = _params(torch.nn.Module.load_state_dict)
+
+
+class Flag(NamedTuple):
+    """A resolved feature flag, with the release that introduced it and how it was detected."""
+
+    name: str
+    value: bool
+    since: str
+    detected_by: str
+
+
+# --- serialization -------------------------------------------------------------------------
+# torch.load(weights_only=) -- torch 1.13 (pytorch/pytorch#86812).
+LOAD_HAS_WEIGHTS_ONLY: bool = "weights_only" in _LOAD_PARAMS
+# torch.load(weights_only=None) means True -- torch 2.6 (pytorch/pytorch#137602). The signature
+# default is None from 2.4 on in both meanings, so detection is the helper 2.6 added to resolve
+# it (torch.serialization._default_to_weights_only), with the release as a cross-check.
+LOAD_WEIGHTS_ONLY_DEFAULT_TRUE: bool = hasattr(
+    torch.serialization, "_default_to_weights_only"
+) or TORCH_RELEASE >= (2, 6)
+# torch.load(mmap=) -- torch 2.1 (pytorch/pytorch#102549).
+LOAD_HAS_MMAP: bool = "mmap" in _LOAD_PARAMS
+# Module.load_state_dict(assign=) -- torch 2.1 (pytorch/pytorch#102212).
+LOAD_STATE_DICT_HAS_ASSIGN: bool = "assign" in _LOAD_STATE_DICT_PARAMS
+# torch.serialization.add_safe_globals -- torch 2.4 (pytorch/pytorch#124330).
+HAS_ADD_SAFE_GLOBALS: bool = hasattr(torch.serialization, "add_safe_globals")
+# torch.serialization.get_unsafe_globals_in_checkpoint -- torch 2.5.
+HAS_GET_UNSAFE_GLOBALS: bool = hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
+
+# --- devices -------------------------------------------------------------------------------
+# torch.accelerator (current_accelerator, is_available, ...) -- torch 2.6 (pytorch/pytorch#132204).
+HAS_ACCELERATOR: bool = hasattr(torch, "accelerator") and hasattr(
+    torch.accelerator, "current_accelerator"
+)
+# torch.cuda.set_sync_debug_mode -- torch 1.10 (pytorch/pytorch#62092).
+HAS_SYNC_DEBUG_MODE: bool = hasattr(torch.cuda, "set_sync_debug_mode")
+# ROCm builds: torch.version.hip is a string. Their index kernels may not bounds-check at all.
+IS_ROCM: bool = getattr(torch.version, "hip", None) is not None
+
+# --- compile / ops -------------------------------------------------------------------------
+# torch.compile and torch._dynamo.eval_frame.OptimizedModule (`_orig_mod`) -- torch 2.0.
+HAS_COMPILE: bool = hasattr(torch, "compile")
+# torch.aminmax -- torch 1.11 (one pass for min and max).
+HAS_AMINMAX: bool = hasattr(torch, "aminmax")
+
+# --- nn ------------------------------------------------------------------------------------
+# SyncBatchNorm falls back to plain batch_norm when torch.distributed is not initialized
+# -- torch 2.0 (pytorch/pytorch#89706). Not detectable from the API: release check.
+SYNCBN_FALLS_BACK_WITHOUT_PG: bool = TORCH_RELEASE >= (2, 0)
+
+
+_FLAG_DOCS: "Dict[str, tuple[str, str]]" = {
+    "LOAD_HAS_WEIGHTS_ONLY": ("1.13", "inspect.signature(torch.load)"),
+    "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": ("2.6", "torch.serialization._default_to_weights_only"),
+    "LOAD_HAS_MMAP": ("2.1", "inspect.signature(torch.load)"),
+    "LOAD_STATE_DICT_HAS_ASSIGN": ("2.1", "inspect.signature(Module.load_state_dict)"),
+    "HAS_ADD_SAFE_GLOBALS": ("2.4", "hasattr(torch.serialization, 'add_safe_globals')"),
+    "HAS_GET_UNSAFE_GLOBALS": (
+        "2.5",
+        "hasattr(torch.serialization, 'get_unsafe_globals_in_checkpoint')",
+    ),
+    "HAS_ACCELERATOR": ("2.6", "hasattr(torch.accelerator, 'current_accelerator')"),
+    "HAS_SYNC_DEBUG_MODE": ("1.10", "hasattr(torch.cuda, 'set_sync_debug_mode')"),
+    "IS_ROCM": ("-", "torch.version.hip"),
+    "HAS_COMPILE": ("2.0", "hasattr(torch, 'compile')"),
+    "HAS_AMINMAX": ("1.11", "hasattr(torch, 'aminmax')"),
+    "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
+}
+
+
+def flags() -> "List[Flag]":
+    """Every feature flag with its current value, introducing release and detection method."""
+    g = globals()
+    return [Flag(name, bool(g[name]), since, how) for name, (since, how) in _FLAG_DOCS.items()]
+
+
+# --- branch binding ------------------------------------------------------------------------
+_binders: "List[Callable[[], None]]" = []
+_lock = threading.RLock()
+
+
+def register_binder(binder: "Callable[[], None]") -> "Callable[[], None]":
+    """Register (and run now) a function that selects a module's branches from the flags.
+
+    Used as a decorator at module level; it is re-run by :func:`override`.
+    """
+    with _lock:
+        _binders.append(binder)
+    binder()
+    return binder
+
+
+def _rebind() -> None:
+    for binder in list(_binders):
+        binder()
+
+
+@contextlib.contextmanager
+def override(**values: bool) -> "Iterator[None]":
+    """Temporarily set flags (simulating another torch) and re-select every branch.
+
+    >>> from safetorch import _compat
+    >>> with _compat.override(LOAD_HAS_MMAP=False):
+    ...     _compat.LOAD_HAS_MMAP
+    False
+    """
+    g = globals()
+    unknown = sorted(set(values) - set(_FLAG_DOCS))
+    if unknown:
+        raise KeyError(f"unknown _compat flag(s) {unknown}; known: {sorted(_FLAG_DOCS)}")
+    with _lock:
+        saved = {name: g[name] for name in values}
+        g.update(values)
+        try:
+            _rebind()
+            yield
+        finally:
+            g.update(saved)
+            _rebind()

@@ -1,0 +1,156 @@
+"""Device policy: which devices' kernels check index bounds, and whether memory can be pinned.
+
+Why a policy at all:
+
+* CPU index kernels raise a clean ``IndexError`` (``index_select``/``x[idx]``) or
+  ``RuntimeError`` (``gather``) before touching memory, so safetorch adds nothing there.
+* CUDA kernels fail with a *device-side assert*, which leaves the CUDA context unusable until
+  the process restarts (PyTorch maintainers: no reset is possible), so indices must be checked
+  before the kernel is launched.
+* ROCm builds may not bounds-check at all (silent garbage), MPS/XPU/other backends differ
+  between releases: all of them are treated as needing a check.
+* ``meta`` tensors hold no data; there is nothing to check.
+
+``set_index_check("always")`` forces the check path on CPU (tests, debugging);
+``"never"`` trusts the kernels everywhere. The environment variable
+``SAFETORCH_INDEX_CHECK`` sets the initial mode.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import FrozenSet, Optional
+
+import torch
+
+from safetorch import _compat
+
+__all__ = ["set_index_check", "get_index_check", "accelerator_available"]
+
+_MODES = ("auto", "always", "never")
+# Device types whose index kernels already raise a clean Python exception, or hold no data.
+_KERNEL_CHECKED: FrozenSet[str] = frozenset({"cpu", "meta"})
+
+_mode: str = "auto"
+# Device types that need no pre-check under the current mode. "never" uses _ALL (every type).
+_unchecked: "FrozenSet[str] | _All"
+
+
+class _All:
+    """A set that contains every device type (mode "never")."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_ALL = _All()
+
+
+def _validate(mode: object, source: str) -> str:
+    if mode not in _MODES:
+        raise ValueError(
+            f"{source} must be one of {', '.join(repr(m) for m in _MODES)}, got {mode!r}; "
+            'use "auto" (check only where kernels do not), "always" (check everywhere, '
+            'e.g. to run the CUDA path on CPU) or "never"'
+        )
+    return str(mode)
+
+
+def set_index_check(mode: str) -> str:
+    """Set where safetorch checks index bounds before launching an indexing kernel.
+
+    Args:
+        mode: ``"auto"`` (check on every device whose kernels do not raise cleanly: CUDA,
+            ROCm, MPS, XPU, ...), ``"always"`` (also on CPU), or ``"never"``.
+
+    Returns:
+        The previous mode, so it can be restored.
+
+    Raises:
+        ValueError: ``mode`` is not one of the three.
+
+    >>> import safetorch as st
+    >>> previous = st.set_index_check("always")
+    >>> st.get_index_check()
+    'always'
+    >>> _ = st.set_index_check(previous)
+    """
+    global _mode, _unchecked
+    mode = _validate(mode, "set_index_check(mode)")
+    with _lock:
+        previous, _mode = _mode, mode
+        _unchecked = {"auto": _KERNEL_CHECKED, "always": frozenset(), "never": _ALL}[mode]
+    return previous
+
+
+def get_index_check() -> str:
+    """Return the current index-check mode (``"auto"``, ``"always"`` or ``"never"``).
+
+    >>> import safetorch as st
+    >>> st.get_index_check() in ("auto", "always", "never")
+    True
+    """
+    return _mode
+
+
+def needs_index_check(device_type: str, mode: Optional[str] = None) -> bool:
+    """Whether an index into a tensor on ``device_type`` must be checked before the kernel."""
+    if mode is None:
+        return device_type not in _unchecked
+    if mode == "auto":
+        return device_type not in _KERNEL_CHECKED
+    return _validate(mode, "check") == "always"
+
+
+def index_check_reason(device_type: str) -> str:
+    """Human explanation of the auto decision for a device type (``safetorch doctor``)."""
+    if device_type == "cpu":
+        return "CPU kernels raise IndexError/RuntimeError themselves: call torch directly"
+    if device_type == "meta":
+        return "meta tensors hold no data: nothing to check"
+    if device_type == "cuda" and _compat.IS_ROCM:
+        return "ROCm kernels may not bounds-check at all: check before launching"
+    if device_type == "cuda":
+        return "CUDA kernels fail with a device-side assert that kills the context: check first"
+    return f"{device_type} kernels are not known to raise cleanly: check first"
+
+
+_lock = threading.Lock()
+_unchecked = _KERNEL_CHECKED
+set_index_check(_validate(os.environ.get("SAFETORCH_INDEX_CHECK", "auto"), "SAFETORCH_INDEX_CHECK"))
+
+
+# --- accelerator / pinning -----------------------------------------------------------------
+def _accelerator_available_new() -> bool:
+    # torch >= 2.6: one API for CUDA, XPU, MPS, HPU, ... (torch.accelerator).
+    return torch.accelerator.current_accelerator() is not None
+
+
+def _accelerator_available_old() -> bool:
+    # torch < 2.6: only CUDA can pin memory through Tensor.pin_memory().
+    return torch.cuda.is_available()
+
+
+_accelerator_impl = _accelerator_available_old
+
+
+def accelerator_available() -> bool:
+    """Whether an accelerator (CUDA, XPU, MPS, ...) is present, so memory can be pinned.
+
+    Dispatches by torch version: ``torch.accelerator`` where it exists (2.6+),
+    ``torch.cuda.is_available()`` otherwise.
+
+    >>> import safetorch as st
+    >>> isinstance(st.accelerator_available(), bool)
+    True
+    """
+    return _accelerator_impl()
+
+
+@_compat.register_binder
+def _bind() -> None:
+    global _accelerator_impl
+    _accelerator_impl = (
+        _accelerator_available_new if _compat.HAS_ACCELERATOR else _accelerator_available_old
+    )

@@ -1,0 +1,102 @@
+"""Warnings and exceptions raised by safetorch.
+
+Every exception subclasses the builtin a user already catches for that failure, so existing
+``except IndexError`` / ``except RuntimeError`` / ``except pickle.UnpicklingError`` clauses
+keep working when a torch call is replaced by its safetorch counterpart.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+__all__ = [
+    "SafetorchWarning",
+    "SafetorchError",
+    "IndexOutOfBoundsError",
+    "DeviceMismatchError",
+    "CheckpointError",
+    "UnsafeCheckpointError",
+    "CheckpointMismatchError",
+]
+
+
+class SafetorchWarning(UserWarning):
+    """Category of every warning safetorch emits.
+
+    Filter it like any warning category:
+
+    >>> import warnings, safetorch as st
+    >>> warnings.simplefilter("ignore", st.SafetorchWarning)
+    """
+
+
+class SafetorchError(Exception):
+    """Mixin base of every safetorch exception (always combined with a builtin).
+
+    >>> import safetorch as st
+    >>> issubclass(st.IndexOutOfBoundsError, st.SafetorchError)
+    True
+    """
+
+
+class IndexOutOfBoundsError(SafetorchError, IndexError, RuntimeError):
+    """An index is out of range for the dimension it indexes.
+
+    Derives from both :class:`IndexError` (what CPU torch raises for ``x[idx]`` and
+    ``index_select``) and :class:`RuntimeError` (what it raises for ``gather``), so every
+    ``except`` clause written for CPU torch catches it.
+
+    >>> import torch, safetorch as st
+    >>> try:
+    ...     st.checked_index(torch.arange(6), torch.tensor([6]), check="always")
+    ... except IndexError as e:
+    ...     print(e)
+    index 6 is out of bounds for dimension 0 with size 6
+    """
+
+
+class DeviceMismatchError(SafetorchError, RuntimeError):
+    """Tensors or modules that must share a device do not.
+
+    >>> import torch, safetorch as st
+    >>> st.assert_same_device(torch.zeros(1), torch.zeros(1))
+    """
+
+
+class CheckpointError(SafetorchError, RuntimeError):
+    """A checkpoint file is missing, empty, truncated, corrupt or not a checkpoint.
+
+    >>> import safetorch as st
+    >>> issubclass(st.CheckpointError, RuntimeError)
+    True
+    """
+
+
+class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
+    """A checkpoint references globals outside the weights-only allow-list.
+
+    Nothing from the file is executed. ``unsafe_globals`` lists every offending
+    ``"module.Name"``.
+
+    >>> import pickle, safetorch as st
+    >>> issubclass(st.UnsafeCheckpointError, pickle.UnpicklingError)
+    True
+    """
+
+    def __init__(self, message: str, unsafe_globals: "tuple[str, ...]" = ()) -> None:
+        super().__init__(message)
+        self.unsafe_globals = tuple(unsafe_globals)
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A state dict does not match the model; ``report`` holds the full LoadReport.
+
+    >>> import safetorch as st
+    >>> issubclass(st.CheckpointMismatchError, RuntimeError)
+    True
+    """
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report
