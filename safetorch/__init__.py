@@ -4,7 +4,7 @@ Use it as ``import safetorch as st``. Importing never patches anything; monkeypa
 opt-in (``st.patch()`` / ``safetorch run``).
 """
 
-from safetorch import checkpoint, data, device, errors, findings, nn, tensor, timing
+from safetorch import checkpoint, data, device, errors, findings, nn, patching, tensor, timing
 from safetorch._device import accelerator_available, get_index_check, set_index_check
 from safetorch.checkpoint import *  # noqa: F403
 from safetorch.data import *  # noqa: F403
@@ -20,6 +20,7 @@ from safetorch.errors import (
 )
 from safetorch.findings import Finding
 from safetorch.nn import *  # noqa: F403
+from safetorch.patching import *  # noqa: F403
 from safetorch.tensor import *  # noqa: F403
 from safetorch.timing import *  # noqa: F403
 
@@ -38,4 +39,5 @@ __all__ = [
     *nn.__all__,
     *data.__all__,
     *timing.__all__,
+    *patching.__all__,
 ]

@@ -14,7 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     from safetorch import _doctor
     from safetorch.check import cli as check_cli
     from safetorch.checkpoint import cli as ckpt_cli
-    from safetorch.patch import cli as patch_cli
+    from safetorch.patching import cli as patch_cli
 
     parser = argparse.ArgumentParser(
         prog="safetorch",

@@ -62,6 +62,8 @@ LOAD_HAS_MMAP: bool = "mmap" in _LOAD_PARAMS
 LOAD_STATE_DICT_HAS_ASSIGN: bool = "assign" in _LOAD_STATE_DICT_PARAMS
 # torch.serialization.add_safe_globals -- torch 2.4 (pytorch/pytorch#124330).
 HAS_ADD_SAFE_GLOBALS: bool = hasattr(torch.serialization, "add_safe_globals")
+# torch.serialization.safe_globals context manager -- torch 2.5.
+HAS_SAFE_GLOBALS_CTX: bool = hasattr(torch.serialization, "safe_globals")
 # torch.serialization.get_unsafe_globals_in_checkpoint -- torch 2.5.
 HAS_GET_UNSAFE_GLOBALS: bool = hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
 
@@ -93,6 +95,7 @@ _FLAG_DOCS: "Dict[str, tuple[str, str]]" = {
     "LOAD_HAS_MMAP": ("2.1", "inspect.signature(torch.load)"),
     "LOAD_STATE_DICT_HAS_ASSIGN": ("2.1", "inspect.signature(Module.load_state_dict)"),
     "HAS_ADD_SAFE_GLOBALS": ("2.4", "hasattr(torch.serialization, 'add_safe_globals')"),
+    "HAS_SAFE_GLOBALS_CTX": ("2.5", "hasattr(torch.serialization, 'safe_globals')"),
     "HAS_GET_UNSAFE_GLOBALS": (
         "2.5",
         "hasattr(torch.serialization, 'get_unsafe_globals_in_checkpoint')",
