@@ -27,7 +27,7 @@ TORCH_VERSION: str = torch.__version__
 TORCH_RELEASE = Version(TORCH_VERSION.split("+")[0]).release
 
 
-def _params(fn: Any) -> "Dict[str, inspect.Parameter]":
+def _params(fn: Any) -> Dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # builtins without a signature
@@ -89,7 +89,7 @@ HAS_AMINMAX: bool = hasattr(torch, "aminmax")
 SYNCBN_FALLS_BACK_WITHOUT_PG: bool = TORCH_RELEASE >= (2, 0)
 
 
-_FLAG_DOCS: "Dict[str, tuple[str, str]]" = {
+_FLAG_DOCS: Dict[str, tuple[str, str]] = {
     "LOAD_HAS_WEIGHTS_ONLY": ("1.13", "inspect.signature(torch.load)"),
     "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": ("2.6", "torch.serialization._default_to_weights_only"),
     "LOAD_HAS_MMAP": ("2.1", "inspect.signature(torch.load)"),
@@ -109,18 +109,18 @@ _FLAG_DOCS: "Dict[str, tuple[str, str]]" = {
 }
 
 
-def flags() -> "List[Flag]":
+def flags() -> List[Flag]:
     """Every feature flag with its current value, introducing release and detection method."""
     g = globals()
     return [Flag(name, bool(g[name]), since, how) for name, (since, how) in _FLAG_DOCS.items()]
 
 
 # --- branch binding ------------------------------------------------------------------------
-_binders: "List[Callable[[], None]]" = []
+_binders: List[Callable[[], None]] = []
 _lock = threading.RLock()
 
 
-def register_binder(binder: "Callable[[], None]") -> "Callable[[], None]":
+def register_binder(binder: Callable[[], None]) -> Callable[[], None]:
     """Register (and run now) a function that selects a module's branches from the flags.
 
     Used as a decorator at module level; it is re-run by :func:`override`.
@@ -137,7 +137,7 @@ def _rebind() -> None:
 
 
 @contextlib.contextmanager
-def override(**values: bool) -> "Iterator[None]":
+def override(**values: bool) -> Iterator[None]:
     """Temporarily set flags (simulating another torch) and re-select every branch.
 
     >>> from safetorch import _compat

@@ -34,7 +34,7 @@ _KERNEL_CHECKED: FrozenSet[str] = frozenset({"cpu", "meta"})
 
 _mode: str = "auto"
 # Device types that need no pre-check under the current mode. "never" uses _ALL (every type).
-_unchecked: "FrozenSet[str] | _All"
+_unchecked: FrozenSet[str] | _All
 
 
 class _All:
@@ -80,7 +80,12 @@ def set_index_check(mode: str) -> str:
     mode = _validate(mode, "set_index_check(mode)")
     with _lock:
         previous, _mode = _mode, mode
-        _unchecked = {"auto": _KERNEL_CHECKED, "always": frozenset(), "never": _ALL}[mode]
+        if mode == "auto":
+            _unchecked = _KERNEL_CHECKED
+        elif mode == "always":
+            _unchecked = frozenset()
+        else:
+            _unchecked = _ALL
     return previous
 
 

@@ -166,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``safetorch doctor``."""
     p = subparsers.add_parser(
         "doctor", help="versions, devices, torch feature flags and dispatch decisions"

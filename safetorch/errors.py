@@ -84,7 +84,7 @@ class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     True
     """
 
-    def __init__(self, message: str, unsafe_globals: "tuple[str, ...]" = ()) -> None:
+    def __init__(self, message: str, unsafe_globals: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.unsafe_globals = tuple(unsafe_globals)
 

@@ -22,7 +22,7 @@ settings.load_profile("safetorch")
 
 
 @pytest.fixture
-def simulate_torch() -> "Callable[..., ContextManager[None]]":
+def simulate_torch() -> Callable[..., ContextManager[None]]:
     """Simulate an older torch: ``with simulate_torch(LOAD_HAS_MMAP=False): ...``.
 
     Sets the given ``_compat`` flags and re-selects every module's import-time branch; both
