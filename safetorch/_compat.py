@@ -51,60 +51,68 @@ class Flag(NamedTuple):
 # torch.load(weights_only=) -- torch 1.13 (pytorch/pytorch#86812).
 LOAD_HAS_WEIGHTS_ONLY: bool = "weights_only" in _LOAD_PARAMS
 # torch.load(weights_only=None) means True -- torch 2.6 (pytorch/pytorch#137602). The signature
-# default is None from 2.4 on in both meanings, so detection is the helper 2.6 added to resolve
-# it (torch.serialization._default_to_weights_only), with the release as a cross-check.
-LOAD_WEIGHTS_ONLY_DEFAULT_TRUE: bool = hasattr(
-    torch.serialization, "_default_to_weights_only"
-) or TORCH_RELEASE >= (2, 6)
+# cannot tell: it reads `weights_only: Optional[bool] = None` in 2.4, 2.5 and 2.6+. 2.6 added the
+# private resolver torch.serialization._default_to_weights_only(pickle_module), which answers
+# exactly this question (False in fbcode builds). Env vars TORCH_FORCE_WEIGHTS_ONLY_LOAD /
+# TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD still override it per process, so safetorch always passes
+# weights_only explicitly and uses this flag only to describe torch's own default.
+_default_to_weights_only = getattr(torch.serialization, "_default_to_weights_only", None)
+LOAD_WEIGHTS_ONLY_DEFAULT_TRUE: bool = bool(
+    _default_to_weights_only is not None and _default_to_weights_only(None)
+)
 # torch.load(mmap=) -- torch 2.1 (pytorch/pytorch#102549).
 LOAD_HAS_MMAP: bool = "mmap" in _LOAD_PARAMS
 # Module.load_state_dict(assign=) -- torch 2.1 (pytorch/pytorch#102212).
 LOAD_STATE_DICT_HAS_ASSIGN: bool = "assign" in _LOAD_STATE_DICT_PARAMS
-# torch.serialization.add_safe_globals -- torch 2.4 (pytorch/pytorch#124330).
+# torch.serialization.add_safe_globals -- torch 2.4 (pytorch/pytorch#124331).
 HAS_ADD_SAFE_GLOBALS: bool = hasattr(torch.serialization, "add_safe_globals")
-# torch.serialization.safe_globals context manager -- torch 2.5.
+# torch.serialization.safe_globals context manager -- torch 2.5 (pytorch/pytorch#127939).
 HAS_SAFE_GLOBALS_CTX: bool = hasattr(torch.serialization, "safe_globals")
-# torch.serialization.get_unsafe_globals_in_checkpoint -- torch 2.5.
+# torch.serialization.get_unsafe_globals_in_checkpoint -- torch 2.6 (pytorch/pytorch#139221).
 HAS_GET_UNSAFE_GLOBALS: bool = hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
 
 # --- devices -------------------------------------------------------------------------------
-# torch.accelerator (current_accelerator, is_available, ...) -- torch 2.6 (pytorch/pytorch#132204).
-HAS_ACCELERATOR: bool = hasattr(torch, "accelerator") and hasattr(
-    torch.accelerator, "current_accelerator"
-)
+# torch.accelerator with is_available()/current_accelerator() -- torch 2.6 (pytorch/pytorch#132204).
+# In 2.6 current_accelerator() raises without an accelerator; is_available() never does.
+HAS_ACCELERATOR: bool = hasattr(torch, "accelerator") and hasattr(torch.accelerator, "is_available")
 # torch.cuda.set_sync_debug_mode -- torch 1.10 (pytorch/pytorch#62092).
 HAS_SYNC_DEBUG_MODE: bool = hasattr(torch.cuda, "set_sync_debug_mode")
 # ROCm builds: torch.version.hip is a string. Their index kernels may not bounds-check at all.
 IS_ROCM: bool = getattr(torch.version, "hip", None) is not None
 
 # --- compile / ops -------------------------------------------------------------------------
-# torch.compile and torch._dynamo.eval_frame.OptimizedModule (`_orig_mod`) -- torch 2.0.
+# torch.compile and torch._dynamo.eval_frame.OptimizedModule (`_orig_mod`) -- torch 2.0
+# (pytorch/pytorch#88629).
 HAS_COMPILE: bool = hasattr(torch, "compile")
-# torch.aminmax -- torch 1.11 (one pass for min and max).
+# torch.aminmax -- torch 1.10 (pytorch/pytorch#62401; one pass for min and max).
 HAS_AMINMAX: bool = hasattr(torch, "aminmax")
 
 # --- nn ------------------------------------------------------------------------------------
 # SyncBatchNorm falls back to plain batch_norm when torch.distributed is not initialized
-# -- torch 2.0 (pytorch/pytorch#89706). Not detectable from the API: release check.
+# -- torch 2.0 (pytorch/pytorch#89706; 1.13 raises "SyncBatchNorm expected input tensor to be on
+# GPU" for any CPU input). No attribute or parameter changed, so this is a release check.
 SYNCBN_FALLS_BACK_WITHOUT_PG: bool = TORCH_RELEASE >= (2, 0)
 
 
 _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     "LOAD_HAS_WEIGHTS_ONLY": ("1.13", "inspect.signature(torch.load)"),
-    "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": ("2.6", "torch.serialization._default_to_weights_only"),
+    "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": (
+        "2.6",
+        "torch.serialization._default_to_weights_only(None)",
+    ),
     "LOAD_HAS_MMAP": ("2.1", "inspect.signature(torch.load)"),
     "LOAD_STATE_DICT_HAS_ASSIGN": ("2.1", "inspect.signature(Module.load_state_dict)"),
     "HAS_ADD_SAFE_GLOBALS": ("2.4", "hasattr(torch.serialization, 'add_safe_globals')"),
     "HAS_SAFE_GLOBALS_CTX": ("2.5", "hasattr(torch.serialization, 'safe_globals')"),
     "HAS_GET_UNSAFE_GLOBALS": (
-        "2.5",
+        "2.6",
         "hasattr(torch.serialization, 'get_unsafe_globals_in_checkpoint')",
     ),
-    "HAS_ACCELERATOR": ("2.6", "hasattr(torch.accelerator, 'current_accelerator')"),
+    "HAS_ACCELERATOR": ("2.6", "hasattr(torch.accelerator, 'is_available')"),
     "HAS_SYNC_DEBUG_MODE": ("1.10", "hasattr(torch.cuda, 'set_sync_debug_mode')"),
     "IS_ROCM": ("-", "torch.version.hip"),
     "HAS_COMPILE": ("2.0", "hasattr(torch, 'compile')"),
-    "HAS_AMINMAX": ("1.11", "hasattr(torch, 'aminmax')"),
+    "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
     "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
 }
 

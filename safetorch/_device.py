@@ -128,8 +128,9 @@ set_index_check(_validate(os.environ.get("SAFETORCH_INDEX_CHECK", "auto"), "SAFE
 
 # --- accelerator / pinning -----------------------------------------------------------------
 def _accelerator_available_new() -> bool:
-    # torch >= 2.6: one API for CUDA, XPU, MPS, HPU, ... (torch.accelerator).
-    return torch.accelerator.current_accelerator() is not None
+    # torch >= 2.6: one API for CUDA, XPU, MPS, HPU, ... (torch.accelerator). is_available()
+    # rather than current_accelerator(): in 2.6 the latter raises when there is none.
+    return bool(torch.accelerator.is_available())
 
 
 def _accelerator_available_old() -> bool:
