@@ -61,6 +61,7 @@ class DeviceMismatchError(SafetorchError, RuntimeError):
 
     >>> import torch, safetorch as st
     >>> st.assert_same_device(torch.zeros(1), torch.zeros(1))
+    device(type='cpu')
     """
 
 

@@ -1,5 +1,694 @@
-"""Placeholder: filled in by its issue."""
+"""Tensor safety: ``safe_copy`` and bounds-checked indexing that never kills a CUDA context.
 
-from typing import List
+Indexing pitfall: on CPU an out-of-range index raises ``IndexError`` (``RuntimeError`` for
+``gather``); on CUDA the kernel hits a device-side assert and the CUDA context is unusable
+until the process restarts. ``checked_index`` / ``index_select`` / ``gather`` check indices
+*before* any indexing kernel is launched on devices that need it (see ``safetorch._device``)
+and call torch directly, adding nothing, where the kernel already checks (CPU).
 
-__all__: List[str] = []
+Modes (``mode=``), following ``numpy.take`` and JAX's ``.at[].get(mode=)``:
+
+==========  ==================================================  ===========================
+mode        out-of-range index                                  host syncs per call (CUDA)
+==========  ==================================================  ===========================
+raise       IndexError before the kernel (default)              1 (only if tensor indices)
+clip        clamped into range (numpy.take ``clip``)            0
+wrap        taken modulo the size (numpy.take ``wrap``)         0
+fill        that output position is ``fill_value``              0 (1 with bool masks)
+deferred    replaced by 0 and recorded on the device;           0
+            ``st.raise_deferred()`` raises later
+==========  ==================================================  ===========================
+
+Valid ranges follow torch: ``x[idx]`` accepts ``-n <= i < n``; ``index_select`` and ``gather``
+accept ``0 <= i < n``. In ``clip``/``wrap``/``fill``, indices valid for the op keep their
+meaning; only out-of-range ones are changed (for ``index_select``/``gather`` this is exactly
+``numpy.take``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from safetorch import _compat, _device
+from safetorch._nest import map_tensors
+from safetorch.errors import DeviceMismatchError, IndexOutOfBoundsError
+
+__all__ = [
+    "safe_copy",
+    "checked_index",
+    "index_select",
+    "gather",
+    "raise_deferred",
+    "clear_deferred",
+]
+
+# The originals, captured at import: monkeypatch mode may later wrap these attributes and
+# route them here, so calling through torch.* at call time could recurse.
+_getitem = torch.Tensor.__getitem__
+_index_select = torch.index_select
+_gather = torch.gather
+_Tensor = torch.Tensor
+_needs_check = _device.needs_index_check
+
+_MODES = ("raise", "clip", "wrap", "fill", "deferred")
+_INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+_MASK_DTYPES = frozenset({torch.bool, torch.uint8})
+
+
+# --- safe_copy -----------------------------------------------------------------------------
+def _detach_clone(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+def safe_copy(obj: Any) -> Any:
+    """Copy tensors out of the autograd graph into new memory: ``detach().clone()``.
+
+    ======================  ===========  ===================
+    call                    memory       autograd graph
+    ======================  ===========  ===================
+    ``x.clone()``           new          stays in the graph
+    ``x.detach()``          **shared**   leaves the graph
+    ``x.detach().clone()``  new          leaves the graph
+    ======================  ===========  ===================
+
+    Works on a tensor or recursively on dicts (state dicts keep their ``OrderedDict`` type and
+    ``_metadata``), lists, tuples, namedtuples and dataclasses; other values are deep-copied so
+    the snapshot shares nothing mutable with the original.
+
+    Args:
+        obj: A tensor or nested structure (e.g. ``model.state_dict()``).
+
+    Returns:
+        The copy: same dtype/device/layout/strides, ``requires_grad=False``.
+
+    >>> import torch, safetorch as st
+    >>> w = torch.ones(2, requires_grad=True)
+    >>> best = st.safe_copy({"w": w * 2, "epoch": 3})
+    >>> best["w"].requires_grad, best["w"].data_ptr() != w.data_ptr(), best["epoch"]
+    (False, True, 3)
+    """
+    if isinstance(obj, _Tensor):
+        return obj.detach().clone()
+    import copy
+
+    return map_tensors(_detach_clone, obj, copy.deepcopy)
+
+
+# --- index parsing -------------------------------------------------------------------------
+def _is_int_like(obj: Any) -> bool:
+    return isinstance(obj, int) or (hasattr(obj, "__index__") and not isinstance(obj, _Tensor))
+
+
+def _treat_sequence_as_tuple(index: Any) -> bool:
+    # torch's treatSequenceAsTuple (python_variable_indexing.cpp): a short non-tuple sequence
+    # containing a tensor, sequence, slice, Ellipsis or None is a multi-dimensional index.
+    if isinstance(index, tuple):
+        return True
+    if isinstance(index, _Tensor) or not isinstance(index, (list,)):
+        return False
+    if len(index) >= 32:
+        return False
+    return any(
+        isinstance(item, (_Tensor, list, tuple, slice)) or item is Ellipsis or item is None
+        for item in index
+    )
+
+
+class _Adv:
+    """An advanced (tensor/list) index component: where it points and its valid range."""
+
+    __slots__ = ("pos", "tensor", "dim", "size", "is_mask")
+
+    def __init__(self, pos: int, tensor: torch.Tensor, dim: int, size: int, is_mask: bool):
+        self.pos = pos  # position in the index tuple
+        self.tensor = tensor
+        self.dim = dim  # first dimension of x it indexes
+        self.size = size
+        self.is_mask = is_mask
+
+
+def _as_index_tensor(item: Any) -> Optional[torch.Tensor]:
+    """A list index as a CPU tensor (for host-side checks), or None if it is not numeric."""
+    try:
+        t = torch.as_tensor(item)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return t if (t.dtype in _INT_DTYPES or t.dtype == torch.bool) else None
+
+
+def _parse(x: torch.Tensor, index: Any) -> "Tuple[tuple, List[_Adv], List[int]]":
+    """Split ``index`` into components and check the host-side parts.
+
+    Returns the normalized tuple, the advanced components, and the number of output
+    dimensions each component produces before advanced indexing (for ``fill`` layout).
+    Integers are checked here (no sync); malformed indices are left for torch to reject.
+    """
+    items = tuple(index) if _treat_sequence_as_tuple(index) else (index,)
+    shape = x.shape
+    consumed = 0
+    for it in items:
+        if it is None or it is Ellipsis or isinstance(it, bool):
+            continue
+        if isinstance(it, _Tensor) and it.dtype in _MASK_DTYPES:
+            consumed += it.dim()
+        elif (
+            isinstance(it, list)
+            and (t := _as_index_tensor(it)) is not None
+            and t.dtype == torch.bool
+        ):
+            consumed += t.dim()
+        else:
+            consumed += 1
+    advs: "List[_Adv]" = []
+    produced: "List[int]" = []
+    dim = 0
+    for pos, it in enumerate(items):
+        if it is None or isinstance(it, bool):
+            produced.append(1)
+            continue
+        if it is Ellipsis:
+            skip = max(len(shape) - consumed, 0)
+            produced.append(skip)
+            dim += skip
+            continue
+        if isinstance(it, slice):
+            produced.append(1)
+            dim += 1
+            continue
+        if isinstance(it, _Tensor) or isinstance(it, list):
+            t = it if isinstance(it, _Tensor) else _as_index_tensor(it)
+            produced.append(0)
+            if t is None:  # not a numeric list: torch decides (and raises)
+                dim += 1
+                continue
+            if t.dtype in _MASK_DTYPES and (t.dtype == torch.bool or isinstance(it, _Tensor)):
+                k = t.dim()
+                if k == 0:  # a 0-d mask acts like None/True/False: adds a dimension
+                    produced[-1] = 1
+                    continue
+                _check_mask_shape(t, shape, dim, pos)
+                advs.append(_Adv(pos, t, dim, 0, True))
+                dim += k
+                continue
+            if t.dtype not in _INT_DTYPES:  # float index: torch raises its own error
+                dim += 1
+                continue
+            if dim >= len(shape):  # too many indices: torch raises its own error
+                return items, [], produced
+            if t.device != x.device and t.device.type != "cpu":
+                _device_mismatch("x[index]", x, t)
+            advs.append(_Adv(pos, t, dim, shape[dim], False))
+            dim += 1
+            continue
+        if _is_int_like(it):
+            produced.append(0)
+            if dim < len(shape):
+                i = int(it.__index__())
+                n = shape[dim]
+                if not -n <= i < n:
+                    raise IndexOutOfBoundsError(_oob_message(i, dim, n))
+            dim += 1
+            continue
+        produced.append(0)  # unknown object: torch decides
+        dim += 1
+    return items, advs, produced
+
+
+def _check_mask_shape(mask: torch.Tensor, shape: torch.Size, dim: int, pos: int) -> None:
+    for j, m in enumerate(mask.shape):
+        d = dim + j
+        if d >= len(shape):
+            return  # too many indices: torch raises its own IndexError
+        if m != shape[d]:
+            raise IndexOutOfBoundsError(
+                f"The shape of the mask {list(mask.shape)} at index {j} does not match the "
+                f"shape of the indexed tensor {list(shape)} at index {d} "
+                f"(mask at position {pos} of the index covers dimensions {dim}.."
+                f"{dim + mask.dim() - 1}); give a bool mask of shape "
+                f"{list(shape[dim : dim + mask.dim()])}"
+            )
+
+
+def _oob_message(i: int, dim: int, n: int) -> str:
+    return f"index {i} is out of bounds for dimension {dim} with size {n}"
+
+
+def _device_mismatch(op: str, x: torch.Tensor, idx: torch.Tensor) -> None:
+    raise DeviceMismatchError(
+        f"{op}: the index is on {idx.device} but the indexed tensor is on {x.device}; "
+        f"move the index with index.to({str(x.device)!r})"
+    )
+
+
+# --- bounds checks -------------------------------------------------------------------------
+def _minmax_aminmax(t: torch.Tensor) -> "Tuple[torch.Tensor, torch.Tensor]":
+    lo, hi = torch.aminmax(t)
+    return lo, hi
+
+
+def _minmax_separate(t: torch.Tensor) -> "Tuple[torch.Tensor, torch.Tensor]":
+    # torch < 1.10 has no aminmax: two reductions instead of one pass.
+    return t.min(), t.max()
+
+
+_minmax = _minmax_aminmax
+
+
+@_compat.register_binder
+def _bind() -> None:
+    global _minmax
+    _minmax = _minmax_aminmax if _compat.HAS_AMINMAX else _minmax_separate
+
+
+def _first_bad(t: torch.Tensor, lo: int, n: int) -> int:
+    """The first out-of-range value in ``t`` (flat order); error path only (syncs freely)."""
+    flat = t.reshape(-1)
+    bad = (flat < lo) | (flat >= n)
+    pos = int(bad.to(torch.uint8).argmax())
+    return int(flat[pos])
+
+
+def _check_ranges(checks: "Sequence[Tuple[torch.Tensor, int, int, int]]") -> None:
+    """Raise for the first index tensor with a value outside ``[lo, n)``; one host sync.
+
+    ``checks`` holds ``(index, lo, n, dim)``; empty tensors are skipped by the caller.
+    """
+    if not checks:
+        return
+    extrema = []
+    for t, _, _, _ in checks:
+        lo_t, hi_t = _minmax(t)
+        extrema.append(lo_t.to(torch.int64))
+        extrema.append(hi_t.to(torch.int64))
+    values = torch.stack(extrema).tolist()  # the one host sync
+    for k, (t, lo, n, dim) in enumerate(checks):
+        if values[2 * k] < lo or values[2 * k + 1] >= n:
+            raise IndexOutOfBoundsError(_oob_message(_first_bad(t, lo, n), dim, n))
+
+
+# --- index transforms for clip / wrap / fill / deferred ------------------------------------
+def _valid_mask(t: torch.Tensor, lo: int, n: int) -> torch.Tensor:
+    return (t >= lo) & (t < n)
+
+
+def _transform(t: torch.Tensor, lo: int, n: int, mode: str) -> torch.Tensor:
+    """Map out-of-range entries of ``t`` into range (no host sync). ``n > 0``."""
+    if mode == "clip":
+        if lo < 0:  # in-range negatives keep their meaning; beyond -n clamps to 0
+            return torch.where(t < lo, torch.zeros_like(t), t.clamp(max=n - 1))
+        return t.clamp(0, n - 1)
+    if mode == "wrap":
+        return t.remainder(n)
+    # fill / deferred: any in-range value; 0 is always valid for n > 0
+    return torch.where(_valid_mask(t, lo, n), t, torch.zeros_like(t))
+
+
+def _default_fill(dtype: torch.dtype) -> Any:
+    # JAX's defaults for .at[].get(mode="fill")
+    if dtype == torch.bool:
+        return True
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return torch.iinfo(dtype).min if dtype.is_signed else torch.iinfo(dtype).max
+
+
+# --- deferred errors -----------------------------------------------------------------------
+class _DeferredState:
+    """Per-device record of the first violation: [flag, value, dim, size, site] (int64)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.states: "Dict[torch.device, torch.Tensor]" = {}
+        self.sites: "List[str]" = []
+        self.site_ids: "Dict[Tuple[str, int, str], int]" = {}
+
+
+_deferred = _DeferredState()
+
+
+def _call_site(depth: int) -> int:
+    frame = sys._getframe(depth)
+    key = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    with _deferred.lock:
+        site = _deferred.site_ids.get(key)
+        if site is None:
+            site = len(_deferred.sites)
+            _deferred.sites.append(f"{key[0]}:{key[1]} in {key[2]}")
+            _deferred.site_ids[key] = site
+    return site
+
+
+def _record(t: torch.Tensor, lo: int, n: int, dim: int, site: int, op: str) -> None:
+    dev = t.device
+    flat = t.reshape(-1).to(torch.int64)
+    bad = (flat < lo) | (flat >= n)
+    first = flat[bad.to(torch.uint8).argmax()]
+    entry = torch.stack(
+        [
+            torch.ones((), dtype=torch.int64, device=dev),
+            first,
+            torch.full((), dim, dtype=torch.int64, device=dev),
+            torch.full((), n, dtype=torch.int64, device=dev),
+            torch.full((), site, dtype=torch.int64, device=dev),
+        ]
+    )
+    with _deferred.lock:
+        state = _deferred.states.get(dev)
+        if state is None:
+            state = torch.zeros(5, dtype=torch.int64, device=dev)
+        # keep the first violation: replace only while no flag is set and this call is bad
+        take = (state[0] == 0) & bad.any()
+        _deferred.states[dev] = torch.where(take, entry, state)
+
+
+def raise_deferred() -> None:
+    """Raise the first out-of-range index recorded by ``mode="deferred"`` calls, if any.
+
+    Synchronizes with each device that has records (one host sync per device), then clears
+    the records.
+
+    Raises:
+        IndexOutOfBoundsError: naming the first offending call site (file:line) and index.
+
+    >>> import torch, safetorch as st
+    >>> y = st.checked_index(torch.arange(4), torch.tensor([1, 9]), mode="deferred")
+    >>> try:
+    ...     st.raise_deferred()
+    ... except IndexError as e:
+    ...     print(str(e).split(" (first")[0])
+    index 9 is out of bounds for dimension 0 with size 4
+    """
+    with _deferred.lock:
+        states = list(_deferred.states.items())
+        _deferred.states.clear()
+        sites = list(_deferred.sites)
+    for dev, state in states:
+        flag, value, dim, size, site = state.tolist()
+        if flag:
+            raise IndexOutOfBoundsError(
+                _oob_message(value, dim, size)
+                + f" (first out-of-range index recorded by mode='deferred' at {sites[site]},"
+                f" on {dev}; out-of-range positions were read as index 0)"
+            )
+
+
+def clear_deferred() -> None:
+    """Forget every deferred violation recorded so far, without raising.
+
+    >>> import safetorch as st
+    >>> st.clear_deferred()
+    """
+    with _deferred.lock:
+        _deferred.states.clear()
+
+
+# --- public indexing -----------------------------------------------------------------------
+def _validate_mode(mode: str) -> None:
+    if mode not in _MODES:
+        raise ValueError(
+            f"mode must be one of {', '.join(map(repr, _MODES))}, got {mode!r}; "
+            "see the table in safetorch.tensor's documentation"
+        )
+
+
+def _fill_layout(items: tuple, advs: "List[_Adv]", produced: "List[int]") -> int:
+    """Output dimension where the broadcast advanced-index dims start (torch's rule).
+
+    Integers are applied as select() before advanced indexing in torch, so they neither count
+    as advanced nor break adjacency; None/slices/Ellipsis between advanced indices do.
+    """
+    positions = [a.pos for a in advs]
+    first, last = min(positions), max(positions)
+    adjacent = all(
+        not (items[p] is None or isinstance(items[p], (slice, bool)) or items[p] is Ellipsis)
+        for p in range(first, last + 1)
+    )
+    return sum(produced[:first]) if adjacent else 0
+
+
+def checked_index(
+    x: torch.Tensor,
+    index: Any,
+    *,
+    mode: str = "raise",
+    fill_value: Any = None,
+    check: Optional[str] = None,
+) -> torch.Tensor:
+    """``x[index]`` that never launches an indexing kernel with an out-of-range index.
+
+    Accepts every index form ``x[...]`` accepts (ints, slices, None, Ellipsis, bool masks,
+    integer tensors and lists, tuples mixing them) and returns exactly ``x[index]`` (values,
+    dtype, device, autograd). On devices whose kernels check bounds themselves (CPU) it is
+    ``x[index]`` with nothing added.
+
+    Args:
+        x: The tensor to index.
+        index: Anything ``x[index]`` accepts.
+        mode: ``"raise"`` (default), ``"clip"``, ``"wrap"``, ``"fill"`` or ``"deferred"``;
+            see the module documentation for each mode's meaning and host-sync cost.
+        fill_value: Value for out-of-range positions with ``mode="fill"`` (default: NaN for
+            floating types, the minimum of signed and the maximum of unsigned integer
+            types, True for bool).
+        check: Override the device policy for this call (``"auto"``, ``"always"``,
+            ``"never"``); default: ``st.get_index_check()``.
+
+    Returns:
+        ``x[index]``.
+
+    Raises:
+        IndexOutOfBoundsError: (an ``IndexError`` and a ``RuntimeError``) an index is out of
+            range (``mode="raise"``), or a bool mask does not match the shape it indexes.
+        DeviceMismatchError: an index tensor is on another non-CPU device than ``x``.
+
+    >>> import torch, safetorch as st
+    >>> x = torch.arange(6)
+    >>> st.checked_index(x, torch.tensor([0, -1]))
+    tensor([0, 5])
+    >>> st.checked_index(x, torch.tensor([2, 9]), mode="clip")
+    tensor([2, 5])
+    >>> try:
+    ...     st.checked_index(x, torch.tensor([6]), check="always")
+    ... except IndexError as e:
+    ...     print(e)
+    index 6 is out of bounds for dimension 0 with size 6
+    """
+    if mode == "raise":
+        if check is None:
+            if x.device.type not in _device._unchecked:
+                return _checked_getitem_raise(x, index)
+            return _getitem(x, index)
+        if not _needs_check(x.device.type, check):
+            return _getitem(x, index)
+        return _checked_getitem_raise(x, index)
+    _validate_mode(mode)
+    items, advs, produced = _parse(x, index)
+    ints = [a for a in advs if not a.is_mask and a.tensor.numel() > 0]
+    if not ints:
+        return _getitem(x, index)
+    return _getitem_modes(x, items, advs, ints, produced, mode, fill_value)
+
+
+def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
+    _, advs, _ = _parse(x, index)
+    _check_ranges(
+        [(a.tensor, -a.size, a.size, a.dim) for a in advs if not a.is_mask and a.tensor.numel()]
+    )
+    return _getitem(x, index)
+
+
+def _getitem_modes(
+    x: torch.Tensor,
+    items: tuple,
+    advs: "List[_Adv]",
+    ints: "List[_Adv]",
+    produced: "List[int]",
+    mode: str,
+    fill_value: Any,
+) -> torch.Tensor:
+    new_items = list(items)
+    empty_dims = [a for a in ints if a.size == 0]
+    if empty_dims and mode != "fill":
+        a = empty_dims[0]
+        raise IndexOutOfBoundsError(
+            _oob_message(int(a.tensor.reshape(-1)[0]), a.dim, 0)
+            + f" (mode={mode!r} cannot map an index into an empty dimension)"
+        )
+    site = _call_site(3) if mode == "deferred" else 0
+    valid: Optional[torch.Tensor] = None
+    for a in ints:
+        t = a.tensor.to(x.device) if a.tensor.device != x.device else a.tensor
+        if mode == "deferred":
+            _record(t, -a.size, a.size, a.dim, site, "x[index]")
+        if mode == "fill":
+            v = _valid_mask(t, -a.size, a.size)
+            valid = v if valid is None else valid & v
+        new_items[a.pos] = _transform(t, -a.size, a.size, mode) if a.size else t.clamp(0, 0)
+    if mode == "fill" and empty_dims:
+        # Some dimension is empty: pad it with one slab (cheap: that dimension is empty)
+        # so index 0 exists, then every output position that hit it is filled below.
+        for a in empty_dims:
+            pad_shape = list(x.shape)
+            pad_shape[a.dim] = 1
+            x = torch.cat([x, x.new_zeros(pad_shape)], dim=a.dim)
+    out = _getitem(x, tuple(new_items))
+    if mode != "fill":
+        return out
+    assert valid is not None
+    if any(a.is_mask for a in advs):
+        # Bool masks contribute nonzero() counts to the broadcast shape (torch syncs for them
+        # anyway): flatten every mask into its nonzero index tensors' broadcast shape.
+        counts = [int(a.tensor.sum()) for a in advs if a.is_mask]
+        valid = valid.expand(torch.broadcast_shapes(valid.shape, *[(c,) for c in counts]))
+    start = _fill_layout(items, advs, produced)
+    view = [1] * start + list(valid.shape) + [1] * (out.dim() - start - valid.dim())
+    fill = _default_fill(out.dtype) if fill_value is None else fill_value
+    return torch.where(
+        valid.reshape(view), out, torch.as_tensor(fill, dtype=out.dtype, device=out.device)
+    )
+
+
+def _normalize_dim(x: torch.Tensor, dim: int) -> Optional[Tuple[int, int]]:
+    """(dim, size) for a valid dim, None to let torch raise its own error."""
+    nd = x.dim()
+    if nd == 0:
+        return (0, 1) if dim in (0, -1) else None
+    if not -nd <= dim < nd:
+        return None
+    d = dim % nd
+    return d, x.shape[d]
+
+
+def _select_like(
+    op: str,
+    torch_op: Any,
+    x: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    mode: str,
+    fill_value: Any,
+    check: Optional[str],
+    extra: Dict[str, Any],
+) -> torch.Tensor:
+    if (
+        not isinstance(index, _Tensor)
+        or index.dtype not in _INT_DTYPES
+        or index.dtype == torch.uint8
+    ):
+        return torch_op(x, dim, index, **extra)  # torch validates type/dtype on the host
+    norm = _normalize_dim(x, dim)
+    if norm is None or index.numel() == 0:
+        return torch_op(x, dim, index, **extra)
+    d, n = norm
+    if index.device != x.device:
+        _device_mismatch(f"{op}()", x, index)
+    if mode == "raise":
+        _check_ranges([(index, 0, n, d)])
+        return torch_op(x, dim, index, **extra)
+    if n == 0 and mode != "fill":
+        raise IndexOutOfBoundsError(
+            _oob_message(int(index.reshape(-1)[0]), d, 0)
+            + f" (mode={mode!r} cannot map an index into an empty dimension)"
+        )
+    if mode == "deferred":
+        _record(index, 0, n, d, _call_site(3), op)
+    if n == 0:  # fill into an empty dimension: every position is fill_value
+        pad_shape = list(x.shape) if x.dim() else [1]
+        pad_shape[d] = 1
+        x = torch.cat([x, x.new_zeros(pad_shape)], dim=d)
+        safe = torch.zeros_like(index)
+    else:
+        safe = _transform(index, 0, n, mode)
+    out = torch_op(x, dim, safe, **extra)
+    if mode != "fill":
+        return out
+    valid = _valid_mask(index, 0, n)
+    if op == "index_select" and out.dim():
+        view = [1] * out.dim()
+        view[d] = -1
+        valid = valid.reshape(view)
+    fill = _default_fill(out.dtype) if fill_value is None else fill_value
+    return torch.where(valid, out, torch.as_tensor(fill, dtype=out.dtype, device=out.device))
+
+
+def index_select(
+    x: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    *,
+    mode: str = "raise",
+    fill_value: Any = None,
+    check: Optional[str] = None,
+) -> torch.Tensor:
+    """``torch.index_select(x, dim, index)`` checked before the kernel where needed.
+
+    Args:
+        x: Input tensor.
+        dim: Dimension to select along.
+        index: 1-D (or 0-D) int64/int32 tensor with values in ``[0, x.size(dim))``.
+        mode: ``"raise"``, ``"clip"``, ``"wrap"``, ``"fill"`` or ``"deferred"``
+            (``clip``/``wrap`` are exactly ``numpy.take``'s).
+        fill_value: Value for out-of-range positions with ``mode="fill"``.
+        check: Per-call override of the device policy (``"auto"``/``"always"``/``"never"``).
+
+    Returns:
+        Exactly ``torch.index_select(x, dim, index)`` for valid indices.
+
+    Raises:
+        IndexOutOfBoundsError: an index is out of range (an ``IndexError``, as CPU torch).
+        DeviceMismatchError: ``index`` is on another device than ``x``.
+
+    >>> import torch, safetorch as st
+    >>> st.index_select(torch.arange(6), 0, torch.tensor([5, 0]))
+    tensor([5, 0])
+    >>> st.index_select(torch.arange(6), 0, torch.tensor([7, -1]), mode="wrap")
+    tensor([1, 5])
+    """
+    if mode == "raise" and not _needs_check(x.device.type, check):
+        return _index_select(x, dim, index)
+    _validate_mode(mode)
+    return _select_like("index_select", _index_select, x, dim, index, mode, fill_value, check, {})
+
+
+def gather(
+    x: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    *,
+    sparse_grad: bool = False,
+    mode: str = "raise",
+    fill_value: Any = None,
+    check: Optional[str] = None,
+) -> torch.Tensor:
+    """``torch.gather(x, dim, index)`` checked before the kernel where needed.
+
+    Args:
+        x: Input tensor.
+        dim: Dimension to gather along.
+        index: int64 tensor with ``x``'s number of dimensions, values in ``[0, x.size(dim))``.
+        sparse_grad: As torch.gather.
+        mode: ``"raise"``, ``"clip"``, ``"wrap"``, ``"fill"`` or ``"deferred"``.
+        fill_value: Value for out-of-range positions with ``mode="fill"``.
+        check: Per-call override of the device policy (``"auto"``/``"always"``/``"never"``).
+
+    Returns:
+        Exactly ``torch.gather(x, dim, index)`` for valid indices.
+
+    Raises:
+        IndexOutOfBoundsError: an index is out of range (a ``RuntimeError``, as CPU torch, and
+            an ``IndexError``).
+        DeviceMismatchError: ``index`` is on another device than ``x``.
+
+    >>> import torch, safetorch as st
+    >>> st.gather(torch.tensor([[1, 2], [3, 4]]), 1, torch.tensor([[1], [0]]))
+    tensor([[2],
+            [3]])
+    """
+    extra: Dict[str, Any] = {"sparse_grad": sparse_grad} if sparse_grad else {}
+    if mode == "raise" and not _needs_check(x.device.type, check):
+        return _gather(x, dim, index, **extra)
+    _validate_mode(mode)
+    return _select_like("gather", _gather, x, dim, index, mode, fill_value, check, extra)
