@@ -1,0 +1,101 @@
+"""Every ``safetorch._compat`` flag agrees with the torch release its comment names.
+
+Run on each torch of the compatibility matrix (``make test-compat``): on torch X, flag F must be
+True iff X >= since(F). A disagreement means the flag's detection or its documented release is
+wrong. ``pytest -s tests/compat`` prints the detected flags.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from fractions import Fraction
+
+import pytest
+import torch
+from packaging.version import Version
+
+from safetorch import _compat
+
+INSTALLED = Version(".".join(map(str, _compat.TORCH_RELEASE)))
+RELEASE_FLAGS = sorted(name for name, (since, _) in _compat._FLAG_DOCS.items() if since != "-")
+
+
+def _flag(name: str) -> _compat.Flag:
+    return next(f for f in _compat.flags() if f.name == name)
+
+
+def test_print_detected_flags(record_property: pytest.RecordProperty) -> None:
+    rows = [f"torch {_compat.TORCH_VERSION} (release {INSTALLED})"]
+    for f in _compat.flags():
+        expected = "-" if f.since == "-" else str(INSTALLED >= Version(f.since))
+        rows.append(f"  {f.name:32} {f.value!s:5} since {f.since:5} expected {expected:5}")
+        record_property(f.name, f.value)
+    print("\n".join(rows))
+    assert len(rows) == len(_compat._FLAG_DOCS) + 1
+
+
+def test_every_flag_is_documented() -> None:
+    """Each module-level boolean flag has a ``_FLAG_DOCS`` entry, and vice versa."""
+    bools = {
+        name
+        for name, value in vars(_compat).items()
+        if name.isupper() and not name.startswith("_") and isinstance(value, bool)
+    }
+    assert bools == set(_compat._FLAG_DOCS), (
+        f"flags without _FLAG_DOCS: {sorted(bools - set(_compat._FLAG_DOCS))}; "
+        f"_FLAG_DOCS without a flag: {sorted(set(_compat._FLAG_DOCS) - bools)}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(_compat._FLAG_DOCS))
+def test_since_is_a_release(name: str) -> None:
+    since, how = _compat._FLAG_DOCS[name]
+    assert since == "-" or Version(since).release, f"{name}: since={since!r} is not a release"
+    assert how, f"{name}: no detection method documented"
+
+
+@pytest.mark.parametrize("name", RELEASE_FLAGS)
+def test_flag_matches_its_release(name: str) -> None:
+    f = _flag(name)
+    expected = INSTALLED >= Version(f.since)
+    assert f.value is expected, (
+        f"{name} is {f.value} on torch {_compat.TORCH_VERSION}, but its comment says it "
+        f"arrived in torch {f.since} (detected by {f.detected_by}): expected {expected}"
+    )
+
+
+def test_weights_only_default_matches_torch_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behaviour probe: torch.load's default refuses a non-tensor global iff the flag is set."""
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
+    monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)
+    buf = io.BytesIO()
+    torch.save({"x": Fraction(1, 3)}, buf)
+    buf.seek(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 2.4/2.5 warn that the default will change
+        try:
+            torch.load(buf)
+            refused = False
+        except pickle.UnpicklingError:
+            refused = True
+    assert refused is _compat.LOAD_WEIGHTS_ONLY_DEFAULT_TRUE
+
+
+def test_syncbn_fallback_matches_behaviour() -> None:
+    """Behaviour probe: SyncBatchNorm on a CPU tensor without a process group."""
+    assert not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    bn = torch.nn.SyncBatchNorm(3).eval()
+    x = torch.randn(4, 3)
+    try:
+        out = bn(x)
+    except ValueError as exc:
+        assert not _compat.SYNCBN_FALLS_BACK_WITHOUT_PG, f"flag set but torch raised: {exc}"
+        assert "GPU" in str(exc)
+    else:
+        assert _compat.SYNCBN_FALLS_BACK_WITHOUT_PG, "flag unset but torch fell back"
+        torch.testing.assert_close(
+            out,
+            torch.nn.functional.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias),
+        )
