@@ -1,5 +1,41 @@
-"""Placeholder: filled in by its issue."""
+"""Checkpoints: safe loading on every torch, wrapper-aware state-dict loading, atomic saving.
+
+``st.load`` (weights-only everywhere, CPU by default, mmap when possible),
+``st.load_state_dict`` (through DataParallel/DDP/compile/AveragedModel/FSDP prefixes, with a
+:class:`LoadReport`), ``st.save_checkpoint`` and ``st.CheckpointSaver`` (atomic, rank 0 only),
+and the key helpers behind them (``canonical_key``, ``remap_state_dict``, ...).
+"""
 
 from typing import List
 
-__all__: List[str] = []
+from safetorch.checkpoint.io import (
+    CheckpointSaver,
+    load,
+    load_state_dict,
+    save_checkpoint,
+)
+from safetorch.checkpoint.keys import (
+    KeyMatch,
+    canonical_key,
+    find_state_dict,
+    match_keys,
+    remap_state_dict,
+    strip_wrapper_prefixes,
+    unwrap_model,
+)
+from safetorch.checkpoint.report import LoadReport
+
+__all__: List[str] = [
+    "load",
+    "load_state_dict",
+    "LoadReport",
+    "unwrap_model",
+    "save_checkpoint",
+    "CheckpointSaver",
+    "canonical_key",
+    "strip_wrapper_prefixes",
+    "remap_state_dict",
+    "match_keys",
+    "KeyMatch",
+    "find_state_dict",
+]
