@@ -1,5 +1,163 @@
-"""Placeholder: filled in by its issue."""
+"""Monkeypatch mode: route legacy torch entry points to safetorch's implementations.
 
-from typing import List
+``st.patch()`` wraps torch's entry points (``F.upsample``, ``torch.load``,
+``Module.load_state_dict``, ``Tensor.__getitem__``, DataLoader pinning,
+``SyncBatchNorm.convert_sync_batchnorm``) so that legacy code runs the same safe function a
+user would call directly (``st.upsample``, ``st.load``, ...). Nothing is patched on import.
+Each patch is a short declaration in this package; :mod:`safetorch.patching.registry` holds
+the mechanism.
+"""
 
-__all__: List[str] = []
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, List, Tuple
+
+from safetorch.patching import registry
+
+# Declarations, in the order `all` applies them and the report lists them.
+from safetorch.patching import upsample as _upsample  # noqa: I001
+from safetorch.patching import load as _load
+from safetorch.patching import state_dict as _state_dict
+from safetorch.patching import index as _index
+from safetorch.patching import pin_memory as _pin_memory
+from safetorch.patching import syncbn as _syncbn
+
+__all__ = ["patch", "unpatch", "patched", "patches"]
+
+
+def patch(*names: str) -> List[str]:
+    """Turn patches on: route legacy torch entry points to safetorch's implementations.
+
+    Idempotent (a patch already on stays wrapped once) and thread-safe. Targets in modules
+    that are not imported yet are wrapped when they are imported.
+
+    Args:
+        *names: Patch names (see :func:`patches`), comma-separated strings allowed;
+            ``"all"`` or no name at all means every patch.
+
+    Returns:
+        The names this call turned on (those already on are not listed).
+
+    Raises:
+        ValueError: An unknown name.
+        NotImplementedError: The safetorch implementation a patch routes to is missing.
+
+    >>> import torch.nn.functional as F, safetorch as st
+    >>> st.patch("upsample")
+    ['upsample']
+    >>> F.upsample.__wrapped__ is not F.upsample
+    True
+    >>> st.unpatch("upsample")
+    ['upsample']
+    """
+    return registry.enable(registry.resolve_names(names, default_all=True))
+
+
+def unpatch(*names: str) -> List[str]:
+    """Turn patches off and restore every touched attribute exactly.
+
+    After it, each patched attribute ``is`` torch's original object again and attributes
+    that were inherited (``Tensor.__getitem__``) are deleted, so ``vars()`` of every touched
+    module and class equals its state before :func:`patch`. Open :func:`patched` contexts of
+    the same names are overridden.
+
+    Args:
+        *names: Patch names; ``"all"`` or no name at all means every patch.
+
+    Returns:
+        The names this call turned off.
+
+    Raises:
+        ValueError: An unknown name.
+
+    >>> import torch, safetorch as st
+    >>> original = torch.load
+    >>> _ = st.patch("load"); _ = st.unpatch("load")
+    >>> torch.load is original
+    True
+    """
+    return registry.disable(registry.resolve_names(names, default_all=True))
+
+
+@contextlib.contextmanager
+def patched(*names: str) -> Iterator[None]:
+    """Context manager: patches on inside the block, back to their previous state after.
+
+    Contexts nest and may be used from several threads at once: a patch stays on while any
+    context (or an explicit :func:`patch`) holds it.
+
+    Args:
+        *names: Patch names; ``"all"`` or no name at all means every patch.
+
+    Raises:
+        ValueError: An unknown name.
+        NotImplementedError: The safetorch implementation a patch routes to is missing.
+
+    >>> import torch, torch.nn.functional as F, safetorch as st
+    >>> with st.patched("upsample"):
+    ...     F.upsample_bilinear(torch.ones(1, 1, 2, 2), scale_factor=2).shape
+    torch.Size([1, 1, 4, 4])
+    >>> hasattr(F.upsample_bilinear, "__wrapped__")
+    False
+    """
+    resolved = registry.resolve_names(names, default_all=True)
+    registry.hold(resolved)
+    try:
+        yield
+    finally:
+        registry.release(resolved)
+
+
+@dataclass(frozen=True)
+class PatchInfo:
+    """One patch as :func:`patches` lists it.
+
+    Attributes:
+        name: The name to pass to :func:`patch`.
+        targets: Dotted paths of the torch attributes it wraps.
+        description: What it changes.
+        implementation: The public safetorch function it routes to.
+        active: Whether it is on now.
+        available: Whether its safetorch implementation exists in this build.
+
+    >>> import safetorch as st
+    >>> info = st.patches()[0]
+    >>> info.name, info.active
+    ('upsample', False)
+    """
+
+    name: str
+    targets: Tuple[str, ...]
+    description: str
+    implementation: str
+    active: bool
+    available: bool
+
+    def __str__(self) -> str:
+        state = "on" if self.active else ("off" if self.available else "unavailable")
+        return f"{self.name} [{state}]: {self.description} ({', '.join(self.targets)})"
+
+
+def patches() -> List[PatchInfo]:
+    """List every patch: name, targets, what it does, the function it routes to, on/off.
+
+    Returns:
+        One :class:`PatchInfo` per patch, in the order ``"all"`` applies them.
+
+    >>> import safetorch as st
+    >>> [p.name for p in st.patches()]
+    ['upsample', 'load', 'state_dict', 'index', 'pin_memory', 'syncbn']
+    """
+    return [
+        PatchInfo(
+            name=p.name,
+            targets=tuple(t.qualname for t in p.targets),
+            description=p.description,
+            implementation=".".join(p.implementation),
+            active=registry.is_active(p.name),
+            available=p.available(),
+        )
+        for p in registry.declared()
+    ]

@@ -1,0 +1,107 @@
+"""Patch ``index``: tensor indexing checked before the kernel on devices that need it.
+
+Targets ``Tensor.__getitem__``, ``Tensor.index_select``, ``Tensor.gather``,
+``torch.index_select`` and ``torch.gather``. Where the device policy says the kernel checks
+bounds itself (CPU, meta) the wrapper calls torch's original at once and does nothing else;
+elsewhere (CUDA, ROCm, MPS, ...) the call goes to ``st.checked_index`` / ``st.index_select``
+/ ``st.gather``, which raise an ``IndexError`` *before* a device-side assert can kill the
+CUDA context.
+
+The st functions call torch's originals, captured when safetorch.tensor was imported (before
+any patch); any other indexing they do re-enters these wrappers, which then see
+``registry.nested("index")`` and go straight to torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, Optional, Tuple
+
+from safetorch import _device
+from safetorch.patching import registry
+
+__all__: list = []
+
+_tensor = importlib.import_module("safetorch.tensor")
+_NAME = "index"
+
+
+def _unchecked(device_type: str) -> bool:
+    # Same test as _device.needs_index_check(device_type), read inline: this is the hot path
+    # of every x[i] while the patch is on. _device rebinds _unchecked on set_index_check.
+    return device_type in _device._unchecked
+
+
+def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    if _unchecked(instance.device.type) or registry.nested(_NAME) or kwargs or len(args) != 1:
+        return wrapped(*args, **kwargs)
+    registry.record(_NAME, f"x[index] -> st.checked_index ({instance.device.type})")
+    with registry.reentry(_NAME):
+        return _tensor.checked_index(instance, args[0])
+
+
+def _bind(
+    instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], extra: Tuple[str, ...]
+) -> Optional[Tuple[Any, Any, Any, Dict[str, Any]]]:
+    """(x, dim, index, extra kwargs) of an index_select/gather call, or None if unusual."""
+    if instance is not None:
+        args = (instance, *args)
+    names = ("input", "dim", "index")
+    values = dict(zip(names, args))
+    if len(args) > 3:
+        return None
+    rest = {}
+    for k, v in kwargs.items():
+        if k in names and k not in values:
+            values[k] = v
+        elif k in extra:
+            rest[k] = v
+        else:
+            return None  # out=, or a bad call: torch's own behaviour and error
+    if len(values) != 3 or not isinstance(values["dim"], int):
+        return None  # named dimension (str) or a missing argument
+    return values["input"], values["dim"], values["index"], rest
+
+
+def _select_like(op: str, label: str, extra: Tuple[str, ...]) -> Any:
+    def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        x = instance if instance is not None else (args[0] if args else kwargs.get("input"))
+        device = getattr(x, "device", None)
+        if device is None or _unchecked(device.type) or registry.nested(_NAME):
+            return wrapped(*args, **kwargs)
+        bound = _bind(instance, args, kwargs, extra)
+        if bound is None:
+            return wrapped(*args, **kwargs)
+        x, dim, index, rest = bound
+        registry.record(_NAME, f"{label} -> st.{op} ({device.type})")
+        with registry.reentry(_NAME):
+            return getattr(_tensor, op)(x, dim, index, **rest)
+
+    return wrapper
+
+
+PATCH = registry.declare(
+    registry.Patch(
+        name=_NAME,
+        description=(
+            "x[i], index_select, gather checked before the kernel where the device needs it "
+            "(CUDA, ROCm, MPS, ...); CPU calls torch at once"
+        ),
+        targets=(
+            registry.Target("torch", "Tensor.__getitem__", _getitem),
+            registry.Target(
+                "torch", "Tensor.index_select", _select_like("index_select", "x.index_select", ())
+            ),
+            registry.Target(
+                "torch", "Tensor.gather", _select_like("gather", "x.gather", ("sparse_grad",))
+            ),
+            registry.Target(
+                "torch", "index_select", _select_like("index_select", "torch.index_select", ())
+            ),
+            registry.Target(
+                "torch", "gather", _select_like("gather", "torch.gather", ("sparse_grad",))
+            ),
+        ),
+        implementation=("safetorch.tensor", "checked_index"),
+    )
+)

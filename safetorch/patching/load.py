@@ -1,0 +1,130 @@
+"""Patch ``load``: ``torch.load`` with st.load's semantics, keeping torch.load's signature.
+
+* ``weights_only`` defaults to True on every torch (torch < 2.6 defaults to False); an
+  explicit ``weights_only=False`` is the caller's decision and is honoured.
+* With ``map_location`` unset and no CUDA, storages saved on CUDA are mapped to the CPU
+  instead of failing ("Attempting to deserialize object on a CUDA device but
+  torch.cuda.is_available() is False"); a file saved on CPU loads exactly as before.
+  Detection is exact: ``map_location`` becomes a callable that sees every storage's location.
+* The call goes to ``st.load`` (torch's own weights_only loader where it exists, safetorch's
+  restricted unpickler where it does not, clear errors for corrupt files). Calls that pass
+  torch.load-only options st.load does not take (``pickle_module``, pickle keyword
+  arguments, ``weights_only=False``) reach torch's original with the same two defaults fixed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from safetorch import _compat
+from safetorch.patching import registry
+
+__all__: list = []
+
+_NAME = "load"
+_SIGNATURE = inspect.signature(torch.load)
+_checkpoint = importlib.import_module("safetorch.checkpoint")
+_cuda_available = torch.cuda.is_available
+
+
+class _CudaToCpu:
+    """A ``map_location`` callable: storages saved on CUDA stay on the CPU, others as torch."""
+
+    __slots__ = ("mapped",)
+
+    def __init__(self) -> None:
+        self.mapped = 0
+
+    def __call__(self, storage: Any, location: str) -> Any:
+        if str(location).startswith("cuda"):
+            self.mapped += 1
+            return storage  # deserialized on the CPU: keep it there
+        return None  # torch's default_restore_location
+
+
+def _call_with_weights_only(wrapped: Any, f: Any, ml: Any, pm: Any, wo: bool, kw: Dict) -> Any:
+    return wrapped(f, ml, pm, weights_only=wo, **kw)
+
+
+def _call_without_weights_only(wrapped: Any, f: Any, ml: Any, pm: Any, wo: bool, kw: Dict) -> Any:
+    # torch < 1.13 (pytorch/pytorch#86812): no weights_only parameter. Only reached with an
+    # explicit weights_only=False or a custom pickle_module, i.e. a full unpickle.
+    return wrapped(f, ml, pm if pm is not None else __import__("pickle"), **kw)
+
+
+_call_original: Callable[..., Any] = _call_with_weights_only
+_DEFAULT_NOTE: Optional[str] = None
+
+
+@_compat.register_binder
+def _bind() -> None:
+    global _call_original, _DEFAULT_NOTE
+    _call_original = (
+        _call_with_weights_only if _compat.LOAD_HAS_WEIGHTS_ONLY else _call_without_weights_only
+    )
+    # Only a change worth reporting where torch's own default is a full unpickle.
+    _DEFAULT_NOTE = (
+        None
+        if _compat.LOAD_WEIGHTS_ONLY_DEFAULT_TRUE
+        else "weights_only=True (this torch defaults to False)"
+    )
+
+
+def _torch_load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    if registry.nested(_NAME):
+        return wrapped(*args, **kwargs)
+    try:
+        bound = _SIGNATURE.bind(*args, **kwargs)
+    except TypeError:
+        return wrapped(*args, **kwargs)  # torch's own error for a bad call
+    a = bound.arguments
+    f = a["f"]
+    map_location = a.get("map_location")
+    pickle_module = a.get("pickle_module")
+    weights_only = a.get("weights_only")
+    mmap = a.get("mmap")
+    extra = dict(a.get("pickle_load_args") or {})
+
+    if weights_only is None:
+        weights_only = True
+        if _DEFAULT_NOTE is not None:
+            registry.record(_NAME, _DEFAULT_NOTE, "a full unpickle can run arbitrary code")
+    to_cpu = None
+    if map_location is None and not _cuda_available():
+        map_location = to_cpu = _CudaToCpu()
+
+    with registry.reentry(_NAME):
+        if weights_only is False or pickle_module is not None or extra:
+            if mmap is not None:
+                extra["mmap"] = mmap
+            result = _call_original(wrapped, f, map_location, pickle_module, weights_only, extra)
+        else:
+            registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
+            result = _checkpoint.load(f, map_location=map_location, weights_only=True, mmap=mmap)
+    if to_cpu is not None and to_cpu.mapped:
+        registry.record(
+            _NAME,
+            "CUDA tensors mapped to CPU (no CUDA here)",
+            f"{to_cpu.mapped} storages in the first such file",
+        )
+    return result
+
+
+PATCH = registry.declare(
+    registry.Patch(
+        name=_NAME,
+        description=(
+            "torch.load -> st.load semantics: weights_only=True by default on every torch; "
+            "CUDA tensors load on the CPU when there is no CUDA"
+        ),
+        targets=(
+            registry.Target("torch", "load", _torch_load),
+            registry.Target("torch.serialization", "load", _torch_load),
+        ),
+        implementation=("safetorch.checkpoint", "load"),
+    )
+)

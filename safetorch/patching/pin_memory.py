@@ -1,0 +1,78 @@
+"""Patch ``pin_memory``: DataLoader pinning through ``st.pin``, silently off without accelerator.
+
+torch's pin thread (and the single-process iterator) call the module-level function
+``torch.utils.data._utils.pin_memory.pin_memory`` by name at call time, so wrapping that one
+attribute reaches every DataLoader; no other module binds it at import. ``st.pin`` pins
+dataclasses and custom batch types that torch passes through unpinned.
+
+Without an accelerator torch 2.x turns pinning off itself but warns on every iterator
+("'pin_memory' argument is set as true but no accelerator is found"). The second target
+hands ``_BaseDataLoaderIter.__init__`` a read-only view of the loader whose ``pin_memory``
+is False: the iterator then behaves exactly as torch's would (no pinning) and says nothing,
+and the loader object itself is never modified (so other threads see no flip).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+from safetorch import _device
+from safetorch.patching import registry
+
+__all__: list = []
+
+_NAME = "pin_memory"
+
+
+def _pin(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    if registry.nested(_NAME):
+        return wrapped(*args, **kwargs)
+    from safetorch import data
+
+    registry.record(_NAME, "DataLoader pinning -> st.pin", "dataclasses and custom batches pinned")
+    with registry.reentry(_NAME):
+        return data.pin(*args, **kwargs)
+
+
+class _NoPinLoader:
+    """Read-only view of a DataLoader with ``pin_memory`` False (for iterator setup only)."""
+
+    __slots__ = ("_loader",)
+    pin_memory = False
+
+    def __init__(self, loader: Any) -> None:
+        object.__setattr__(self, "_loader", loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def _iter_init(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    loader = args[0] if args else kwargs.get("loader")
+    if not getattr(loader, "pin_memory", False) or _device.accelerator_available():
+        return wrapped(*args, **kwargs)
+    registry.record(
+        _NAME, "DataLoader(pin_memory=True) without accelerator", "pinning off, no warning"
+    )
+    view = _NoPinLoader(loader)
+    if args:
+        return wrapped(view, *args[1:], **kwargs)
+    return wrapped(**{**kwargs, "loader": view})
+
+
+PATCH = registry.declare(
+    registry.Patch(
+        name=_NAME,
+        description=(
+            "DataLoader pinning -> st.pin: dataclasses and custom batches pinned; "
+            "silently off without an accelerator"
+        ),
+        targets=(
+            registry.Target("torch.utils.data._utils.pin_memory", "pin_memory", _pin),
+            registry.Target(
+                "torch.utils.data.dataloader", "_BaseDataLoaderIter.__init__", _iter_init
+            ),
+        ),
+        implementation=("safetorch.data", "pin"),
+    )
+)

@@ -1,0 +1,513 @@
+"""The monkeypatch mechanism: declarations, apply/restore, post-import hooks, call counting.
+
+A patch family (``upsample``, ``load``, ...) is a :class:`Patch`: a name, one line saying what
+it does, and :class:`Target` s, each a dotted attribute path in a module plus a wrapt wrapper
+function. This module owns everything else, so a declaration stays a few lines long:
+
+* **Finding the owner.** ``wrapt.resolve_path`` walks a class's MRO and returns the object
+  stored in the ``__dict__`` that defines the attribute (``Tensor.__getitem__`` lives on
+  ``torch._C.TensorBase``, not on ``torch.Tensor``). We keep that object and whether the
+  attribute was the parent's *own*, because restoring an inherited attribute by ``setattr``
+  would leave a copy in the subclass's ``__dict__``: it has to be deleted instead.
+* **Wrapping.** ``wrapt.FunctionWrapper`` keeps descriptor binding right for functions,
+  methods, slot wrappers and classmethods, and exposes ``__wrapped__``.
+* **Not imported yet.** A target whose module is not in ``sys.modules`` waits in our own
+  post-import registry (a ``sys.meta_path`` finder that is removed again when nothing waits).
+  wrapt's ``when_imported`` hooks cannot be deregistered, so ``unpatch`` could not undo them.
+* **Thread safety.** One re-entrant lock serialises patch/unpatch/hook firing. Wrappers take
+  no lock on their fast path; counting uses ``itertools.count``, whose ``next`` is atomic.
+* **Counting.** :func:`record` counts a changed call per (patch, kind) and remembers the first
+  call site in user code, for the report at the end of ``safetorch run``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import inspect
+import itertools
+import logging
+import os
+import sys
+import sysconfig
+import threading
+import warnings
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import wrapt
+
+from safetorch.errors import SafetorchWarning
+
+__all__: List[str] = []  # private: the public API is in safetorch.patching
+
+logger = logging.getLogger("safetorch")
+
+# (wrapped, instance, args, kwargs) -> result: wrapt's wrapper protocol.
+WrapperFn = Callable[[Any, Any, Tuple[Any, ...], Dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One attribute to wrap: ``module`` (dotted, importable) and ``path`` inside it."""
+
+    module: str
+    path: str
+    wrapper: WrapperFn = field(compare=False, repr=False)
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.path}"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A patch family: what it does, what it wraps, and the implementation it routes to.
+
+    ``implementation`` is ``(module, attribute)`` of the public safetorch function; the patch
+    is unavailable (and ``patch()`` refuses it) while that attribute does not exist.
+    """
+
+    name: str
+    description: str
+    targets: Tuple[Target, ...]
+    implementation: Tuple[str, str]
+    # Called (under the registry lock) after the targets are applied / before they are restored.
+    on_enable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
+    on_disable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
+
+    def available(self) -> bool:
+        module = sys.modules.get(self.implementation[0])
+        if module is None:
+            try:
+                module = importlib.import_module(self.implementation[0])
+            except ImportError:
+                return False
+        return hasattr(module, self.implementation[1])
+
+
+@dataclass
+class _Applied:
+    parent: Any
+    attr: str
+    original: Any
+    own: bool  # the attribute was in vars(parent): restore by setattr, else delete
+    wrapper: Any
+
+
+_lock = threading.RLock()
+_declared: Dict[str, Patch] = {}
+_explicit: Set[str] = set()  # turned on by patch()
+_holds: Dict[str, int] = {}  # open patched() contexts per name
+_active: Set[str] = set()
+_applied: Dict[Tuple[str, str, str], _Applied] = {}  # (patch, module, path) -> record
+_pending: Dict[str, List[Tuple[str, Target]]] = {}  # module name -> targets waiting for import
+_missing: Dict[str, List[str]] = {}  # patch -> targets that do not exist on this torch
+
+
+# --- declarations --------------------------------------------------------------------------
+def declare(p: Patch) -> Patch:
+    """Add a patch family to the registry (declaration modules call this at import)."""
+    with _lock:
+        if p.name in _declared and _declared[p.name] is not p:
+            raise ValueError(f"patch {p.name!r} is already declared")
+        _declared[p.name] = p
+    return p
+
+
+def undeclare(name: str) -> None:
+    """Remove a (test) declaration; it must not be active."""
+    with _lock:
+        if name in _active:
+            raise RuntimeError(f"patch {name!r} is active; unpatch it first")
+        _declared.pop(name, None)
+
+
+def declared() -> List[Patch]:
+    with _lock:
+        return list(_declared.values())
+
+
+def resolve_names(names: Sequence[str], *, default_all: bool) -> List[str]:
+    """Validate names; ``"all"`` (or nothing, when ``default_all``) means every patch."""
+    with _lock:
+        known = list(_declared)
+    if not names:
+        return known if default_all else []
+    out: List[str] = []
+    for n in names:
+        for part in str(n).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if part == "all":
+                out.extend(known)
+            elif part in _declared:
+                out.append(part)
+            else:
+                raise ValueError(
+                    f"unknown patch {part!r}; expected one of {', '.join(known)} or 'all' "
+                    "(see st.patches())"
+                )
+    return list(dict.fromkeys(out))
+
+
+# --- apply / restore -----------------------------------------------------------------------
+def _apply_target(name: str, t: Target) -> None:
+    key = (name, t.module, t.path)
+    if key in _applied:
+        return  # idempotent: patching twice wraps once
+    module = sys.modules.get(t.module)
+    if module is None:
+        _add_pending(name, t)
+        return
+    try:
+        parent, attr, original = wrapt.resolve_path(module, t.path)
+    except (AttributeError, wrapt.PathResolutionError):
+        logger.debug("safetorch patch %s: %s does not exist on this torch", name, t.qualname)
+        _missing.setdefault(name, []).append(t.qualname)
+        return
+    if isinstance(original, wrapt.FunctionWrapper) and getattr(
+        original, "_self_safetorch", None
+    ):
+        return  # already ours (e.g. a second registry after a reload): never wrap twice
+    own = attr in vars(parent)
+    wrapper = wrapt.FunctionWrapper(original, t.wrapper)
+    wrapper._self_safetorch = name  # _self_ attributes stay on the proxy, not the original
+    setattr(parent, attr, wrapper)
+    _applied[key] = _Applied(parent, attr, original, own, wrapper)
+
+
+def _restore(key: Tuple[str, str, str]) -> None:
+    rec = _applied.pop(key)
+    current = vars(rec.parent).get(rec.attr, None)
+    if current is not rec.wrapper:
+        # Someone rebound the attribute after us: restoring would clobber their object.
+        warnings.warn(
+            f"safetorch unpatch: {key[1]}.{key[2]} was replaced by another object after "
+            f"patch {key[0]!r} wrapped it; leaving that object in place",
+            SafetorchWarning,
+            stacklevel=4,
+        )
+        return
+    if rec.own:
+        setattr(rec.parent, rec.attr, rec.original)
+    else:
+        delattr(rec.parent, rec.attr)
+
+
+def _enable(name: str) -> None:
+    p = _declared[name]
+    if not p.available():
+        mod, attr = p.implementation
+        raise NotImplementedError(
+            f"patch {name!r} routes to {mod}.{attr}, which does not exist in this safetorch "
+            f"build; patch the others with st.patch(*names) (see st.patches())"
+        )
+    _missing.pop(name, None)
+    try:
+        for t in p.targets:
+            _apply_target(name, t)
+        if p.on_enable is not None:
+            p.on_enable()
+    except BaseException:
+        _disable(name)
+        raise
+    _active.add(name)
+
+
+def _disable(name: str) -> None:
+    p = _declared[name]
+    if p.on_disable is not None and name in _active:
+        p.on_disable()
+    _active.discard(name)
+    _drop_pending(name)
+    for key in [k for k in _applied if k[0] == name]:
+        _restore(key)
+
+
+def _sync(name: str) -> bool:
+    """Make the applied state of ``name`` match its explicit flag and open contexts."""
+    want = name in _explicit or _holds.get(name, 0) > 0
+    if want and name not in _active:
+        _enable(name)
+        return True
+    if not want and name in _active:
+        _disable(name)
+        return True
+    return False
+
+
+def enable(names: Sequence[str]) -> List[str]:
+    with _lock:
+        changed = []
+        for n in names:
+            _explicit.add(n)
+            try:
+                if _sync(n):
+                    changed.append(n)
+            except BaseException:
+                _explicit.discard(n)
+                raise
+        return changed
+
+
+def disable(names: Sequence[str]) -> List[str]:
+    with _lock:
+        changed = []
+        for n in names:
+            _explicit.discard(n)
+            _holds.pop(n, None)
+            if _sync(n):
+                changed.append(n)
+        return changed
+
+
+def hold(names: Sequence[str]) -> None:
+    with _lock:
+        done: List[str] = []
+        try:
+            for n in names:
+                _holds[n] = _holds.get(n, 0) + 1
+                done.append(n)
+                _sync(n)
+        except BaseException:
+            release(done)
+            raise
+
+
+def release(names: Sequence[str]) -> None:
+    with _lock:
+        for n in names:
+            if _holds.get(n, 0) > 0:
+                _holds[n] -= 1
+            _sync(n)
+
+
+def is_active(name: str) -> bool:
+    return name in _active
+
+
+def active_names() -> List[str]:
+    with _lock:
+        return [n for n in _declared if n in _active]
+
+
+def missing_targets(name: str) -> List[str]:
+    with _lock:
+        return list(_missing.get(name, ()))
+
+
+# --- post-import hooks ---------------------------------------------------------------------
+class _HookLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then applies the targets waiting for this module."""
+
+    def __init__(self, loader: Any, fullname: str) -> None:
+        self._loader = loader
+        self._fullname = fullname
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
+        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        # Put the real loader back first: code in the module (and importlib.resources)
+        # must see the loader it would have seen without us.
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _fire(self._fullname)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """A ``sys.meta_path`` entry present only while some target waits for its module."""
+
+    _busy = threading.local()
+
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname not in _pending or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._busy.on = False
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec  # namespace package or legacy loader: nothing to attach to
+        spec.loader = _HookLoader(loader, fullname)
+        return spec
+
+
+_finder = _PostImportFinder()
+
+
+def _add_pending(name: str, t: Target) -> None:
+    _pending.setdefault(t.module, []).append((name, t))
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def _drop_pending(name: str) -> None:
+    for mod in list(_pending):
+        _pending[mod] = [(n, t) for n, t in _pending[mod] if n != name]
+        if not _pending[mod]:
+            del _pending[mod]
+    _remove_finder_if_idle()
+
+
+def _remove_finder_if_idle() -> None:
+    if not _pending and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+def _fire(fullname: str) -> None:
+    with _lock:
+        waiting = _pending.pop(fullname, [])
+        for name, t in waiting:
+            if name in _active:
+                _apply_target(name, t)
+        _remove_finder_if_idle()
+
+
+def pending_modules() -> List[str]:
+    with _lock:
+        return sorted(_pending)
+
+
+# --- re-entrancy ---------------------------------------------------------------------------
+_local = threading.local()
+
+
+class reentry:
+    """``with reentry(name) as nested:`` -- ``nested`` is True inside an outer call of ``name``.
+
+    A safetorch implementation may call the very torch entry point its patch wraps (st.load
+    calls torch.load); the nested call must reach torch's original, never the wrapper again.
+    """
+
+    __slots__ = ("_name", "_outer")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __enter__(self) -> bool:
+        busy = _local.__dict__.setdefault("busy", set())
+        self._outer = self._name not in busy
+        busy.add(self._name)
+        return not self._outer
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer:
+            _local.busy.discard(self._name)
+
+
+def nested(name: str) -> bool:
+    """Whether the current thread is inside a safetorch-routed call of patch ``name``."""
+    busy = _local.__dict__.get("busy")
+    return bool(busy) and name in busy
+
+
+# --- counting ------------------------------------------------------------------------------
+def _dir_of(module: Any) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+_SAFETORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_SKIP_ALWAYS = (_SAFETORCH_DIR, _dir_of(wrapt))
+_LIBRARY: Tuple[str, ...] = (
+    os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
+    "<frozen ",
+)
+
+
+def _torch_dir() -> Tuple[str, ...]:
+    torch = sys.modules.get("torch")
+    return (_dir_of(torch),) if torch is not None and getattr(torch, "__file__", None) else ()
+
+
+def call_site(depth: int = 2) -> str:
+    """``file:line`` of the innermost frame in user code (not safetorch, wrapt, torch, stdlib).
+
+    Falls back to the innermost frame outside safetorch and wrapt (a DataLoader pin thread
+    has no user frame at all).
+    """
+    library = _LIBRARY + _torch_dir()
+    frame: Any = sys._getframe(depth)
+    fallback = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_SKIP_ALWAYS):
+            here = f"{filename}:{frame.f_lineno}"
+            if not filename.startswith(library):
+                return here
+            fallback = fallback or here
+        frame = frame.f_back
+    return fallback or "<unknown>"
+
+
+class _Stat:
+    __slots__ = ("counter", "site", "detail")
+
+    def __init__(self, site: str, detail: str) -> None:
+        self.counter = itertools.count(1)
+        self.site = site
+        self.detail = detail
+
+    @property
+    def count(self) -> int:
+        # itertools.count's repr is "count(N)": the next value, so N - 1 calls were counted.
+        return int(repr(self.counter)[6:-1]) - 1
+
+
+_stats: Dict[Tuple[str, str], _Stat] = {}
+_stats_lock = threading.Lock()
+
+
+def record(patch: str, kind: str, detail: str = "") -> None:
+    """Count one changed call of ``kind`` under ``patch``; the first one keeps its call site."""
+    stat = _stats.get((patch, kind))
+    if stat is None:
+        site = call_site(3)
+        with _stats_lock:
+            stat = _stats.setdefault((patch, kind), _Stat(site, detail))
+    next(stat.counter)
+
+
+@dataclass(frozen=True)
+class ReportEntry:
+    """One line of the report: ``count`` calls of ``kind`` changed by ``patch``."""
+
+    patch: str
+    kind: str
+    count: int
+    first_site: str
+    detail: str
+
+
+def report_entries() -> List[ReportEntry]:
+    with _stats_lock:
+        items = list(_stats.items())
+    order = {n: i for i, n in enumerate(_declared)}
+    items.sort(key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1]))
+    return [ReportEntry(p, k, s.count, s.site, s.detail) for (p, k), s in items]
+
+
+def reset_counts() -> None:
+    with _stats_lock:
+        _stats.clear()
+
+
+def iter_applied() -> Iterator[Tuple[str, str, str]]:
+    with _lock:
+        return iter(list(_applied))

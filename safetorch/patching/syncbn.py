@@ -1,0 +1,51 @@
+"""Patch ``syncbn``: ``nn.SyncBatchNorm.convert_sync_batchnorm`` -> ``st.convert_sync_batchnorm``.
+
+The auto policy keeps plain BatchNorm where nothing would be synchronized (no process group,
+or world size 1) and picks a SyncBatchNorm class that runs on each layer's device (CPU under
+gloo included). The target is a classmethod: wrapt binds it to the class, and the registry
+restores the very ``classmethod`` object found in ``vars(nn.SyncBatchNorm)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, Tuple
+
+import torch
+
+from safetorch.patching import registry
+
+__all__: list = []
+
+_NAME = "syncbn"
+_impl = importlib.import_module("safetorch.nn.syncbn")
+
+
+def _world() -> str:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return f"world size {dist.get_world_size()}"
+    return "no process group: BatchNorm kept"
+
+
+def _convert(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    if registry.nested(_NAME):
+        return wrapped(*args, **kwargs)
+    registry.record(_NAME, f"convert_sync_batchnorm -> st.convert_sync_batchnorm ({_world()})")
+    with registry.reentry(_NAME):
+        return _impl.convert_sync_batchnorm(*args, **kwargs)
+
+
+PATCH = registry.declare(
+    registry.Patch(
+        name=_NAME,
+        description=(
+            "nn.SyncBatchNorm.convert_sync_batchnorm -> st.convert_sync_batchnorm (auto: keep "
+            "BatchNorm without a process group, a class that runs on each device otherwise)"
+        ),
+        targets=(
+            registry.Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm", _convert),
+        ),
+        implementation=("safetorch.nn.syncbn", "convert_sync_batchnorm"),
+    )
+)
