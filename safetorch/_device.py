@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import FrozenSet, Optional
 
 import torch
@@ -121,9 +122,24 @@ def index_check_reason(device_type: str) -> str:
     return f"{device_type} kernels are not known to raise cleanly: check first"
 
 
+def _initial_mode() -> str:
+    value = os.environ.get("SAFETORCH_INDEX_CHECK", "auto").strip().lower() or "auto"
+    if value in _MODES:
+        return value
+    # A typo in an environment variable must not make `import safetorch` fail.
+    from safetorch.errors import SafetorchWarning
+
+    warnings.warn(
+        f"SAFETORCH_INDEX_CHECK={value!r} is not one of {', '.join(_MODES)}; using 'auto'",
+        SafetorchWarning,
+        stacklevel=2,
+    )
+    return "auto"
+
+
 _lock = threading.Lock()
 _unchecked = _KERNEL_CHECKED
-set_index_check(_validate(os.environ.get("SAFETORCH_INDEX_CHECK", "auto"), "SAFETORCH_INDEX_CHECK"))
+set_index_check(_initial_mode())
 
 
 # --- accelerator / pinning -----------------------------------------------------------------

@@ -119,16 +119,29 @@ def _treat_sequence_as_tuple(index: Any) -> bool:
 
 
 class _Adv:
-    """An advanced (tensor/list) index component: where it points and its valid range."""
+    """An advanced index component of ``x[index]``.
 
-    __slots__ = ("pos", "tensor", "dim", "size", "is_mask")
+    ``kind`` is ``"int"`` (integer tensor or list: ``size`` is the indexed dimension's size),
+    ``"mask"`` (bool/uint8 tensor; 0-d masks included) or ``"bool"`` (a Python bool, which
+    torch turns into an index tensor of shape ``(1,)`` or ``(0,)`` on a new dimension).
+    """
 
-    def __init__(self, pos: int, tensor: torch.Tensor, dim: int, size: int, is_mask: bool):
+    __slots__ = ("pos", "tensor", "dim", "size", "kind")
+
+    def __init__(self, pos: int, tensor: Any, dim: int, size: int, kind: str):
         self.pos = pos  # position in the index tuple
         self.tensor = tensor
         self.dim = dim  # first dimension of x it indexes
         self.size = size
-        self.is_mask = is_mask
+        self.kind = kind
+
+    def broadcast_shape(self) -> Tuple[int, ...]:
+        """Shape this component contributes to the advanced-index broadcast (may sync)."""
+        if self.kind == "int":
+            return tuple(self.tensor.shape)
+        if self.kind == "bool":
+            return (int(bool(self.tensor)),)
+        return (int(self.tensor.count_nonzero()),)
 
 
 def _as_index_tensor(item: Any) -> Optional[torch.Tensor]:
@@ -140,7 +153,16 @@ def _as_index_tensor(item: Any) -> Optional[torch.Tensor]:
     return t if (t.dtype in _INT_DTYPES or t.dtype == torch.bool) else None
 
 
-def _parse(x: torch.Tensor, index: Any) -> "Tuple[tuple, List[_Adv], List[int]]":
+def _mask_of(it: Any) -> Optional[torch.Tensor]:
+    if isinstance(it, _Tensor):
+        return it if it.dtype in _MASK_DTYPES else None
+    if isinstance(it, list):
+        t = _as_index_tensor(it)
+        return t if t is not None and t.dtype == torch.bool else None
+    return None
+
+
+def _parse(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], List[int]]:
     """Split ``index`` into components and check the host-side parts.
 
     Returns the normalized tuple, the advanced components, and the number of output
@@ -153,69 +175,78 @@ def _parse(x: torch.Tensor, index: Any) -> "Tuple[tuple, List[_Adv], List[int]]"
     for it in items:
         if it is None or it is Ellipsis or isinstance(it, bool):
             continue
-        if isinstance(it, _Tensor) and it.dtype in _MASK_DTYPES:
-            consumed += it.dim()
-        elif (
-            isinstance(it, list)
-            and (t := _as_index_tensor(it)) is not None
-            and t.dtype == torch.bool
-        ):
-            consumed += t.dim()
-        else:
-            consumed += 1
-    advs: "List[_Adv]" = []
-    produced: "List[int]" = []
+        mask = _mask_of(it)
+        consumed += mask.dim() if mask is not None else 1
+    advs: List[_Adv] = []
+    produced: List[int] = []
     dim = 0
     for pos, it in enumerate(items):
-        if it is None or isinstance(it, bool):
+        if isinstance(it, bool):
+            produced.append(0)
+            advs.append(_Adv(pos, it, dim, 0, "bool"))
+            continue
+        if it is None or isinstance(it, slice):
             produced.append(1)
+            dim += it is not None
             continue
         if it is Ellipsis:
             skip = max(len(shape) - consumed, 0)
             produced.append(skip)
             dim += skip
             continue
-        if isinstance(it, slice):
-            produced.append(1)
-            dim += 1
-            continue
-        if isinstance(it, _Tensor) or isinstance(it, list):
+        produced.append(0)
+        if isinstance(it, (_Tensor, list)):
+            mask = _mask_of(it)
+            if mask is not None:
+                _check_mask_shape(mask, shape, dim, pos)
+                advs.append(_Adv(pos, mask, dim, 0, "mask"))
+                dim += mask.dim()
+                continue
             t = it if isinstance(it, _Tensor) else _as_index_tensor(it)
-            produced.append(0)
-            if t is None:  # not a numeric list: torch decides (and raises)
+            if t is None or t.dtype not in _INT_DTYPES or dim >= len(shape):
+                # float index, non-numeric list, too many indices: torch raises its own error
                 dim += 1
                 continue
-            if t.dtype in _MASK_DTYPES and (t.dtype == torch.bool or isinstance(it, _Tensor)):
-                k = t.dim()
-                if k == 0:  # a 0-d mask acts like None/True/False: adds a dimension
-                    produced[-1] = 1
-                    continue
-                _check_mask_shape(t, shape, dim, pos)
-                advs.append(_Adv(pos, t, dim, 0, True))
-                dim += k
-                continue
-            if t.dtype not in _INT_DTYPES:  # float index: torch raises its own error
-                dim += 1
-                continue
-            if dim >= len(shape):  # too many indices: torch raises its own error
-                return items, [], produced
             if t.device != x.device and t.device.type != "cpu":
                 _device_mismatch("x[index]", x, t)
-            advs.append(_Adv(pos, t, dim, shape[dim], False))
+            advs.append(_Adv(pos, t, dim, shape[dim], "int"))
             dim += 1
             continue
-        if _is_int_like(it):
-            produced.append(0)
-            if dim < len(shape):
-                i = int(it.__index__())
-                n = shape[dim]
-                if not -n <= i < n:
-                    raise IndexOutOfBoundsError(_oob_message(i, dim, n))
-            dim += 1
-            continue
-        produced.append(0)  # unknown object: torch decides
-        dim += 1
+        if _is_int_like(it) and dim < len(shape):
+            i = int(it.__index__())
+            n = shape[dim]
+            if not -n <= i < n:
+                raise IndexOutOfBoundsError(_oob_message(i, dim, n))
+        dim += 1  # an int, or an unknown object torch will judge
     return items, advs, produced
+
+
+def _cpu_proxy(x: torch.Tensor) -> torch.Tensor:
+    """A zero-memory CPU stand-in with ``x``'s shape (a stride-0 expanded scalar)."""
+    return torch.zeros((), dtype=torch.uint8).expand(x.shape)
+
+
+def _on_cpu(obj: Any) -> Any:
+    if isinstance(obj, _Tensor):
+        return obj.cpu()
+    if isinstance(obj, tuple):
+        return tuple(_on_cpu(o) for o in obj)
+    return obj
+
+
+def _cpu_torch_raises(op: Any, x: torch.Tensor, *args: Any) -> bool:
+    """Whether CPU torch raises for this call (error path only: it copies indices to host).
+
+    A range check is a necessary condition only: torch reads no element, and so raises
+    nothing, when the output is empty (a zero-size dimension of ``x``, a ``False`` or an
+    all-False mask beside the index, ...). Running the same call on a zero-memory CPU proxy
+    lets CPU torch itself decide.
+    """
+    try:
+        op(_cpu_proxy(x), *_on_cpu(args))
+    except (IndexError, RuntimeError):
+        return True
+    return False
 
 
 def _check_mask_shape(mask: torch.Tensor, shape: torch.Size, dim: int, pos: int) -> None:
@@ -415,7 +446,7 @@ def _validate_mode(mode: str) -> None:
         )
 
 
-def _fill_layout(items: tuple, advs: "List[_Adv]", produced: "List[int]") -> int:
+def _fill_layout(items: tuple, advs: List[_Adv], produced: List[int]) -> int:
     """Output dimension where the broadcast advanced-index dims start (torch's rule).
 
     Integers are applied as select() before advanced indexing in torch, so they neither count
@@ -424,7 +455,7 @@ def _fill_layout(items: tuple, advs: "List[_Adv]", produced: "List[int]") -> int
     positions = [a.pos for a in advs]
     first, last = min(positions), max(positions)
     adjacent = all(
-        not (items[p] is None or isinstance(items[p], (slice, bool)) or items[p] is Ellipsis)
+        not (items[p] is None or isinstance(items[p], slice) or items[p] is Ellipsis)
         for p in range(first, last + 1)
     )
     return sum(produced[:first]) if adjacent else 0
@@ -486,7 +517,7 @@ def checked_index(
         return _checked_getitem_raise(x, index)
     _validate_mode(mode)
     items, advs, produced = _parse(x, index)
-    ints = [a for a in advs if not a.is_mask and a.tensor.numel() > 0]
+    ints = [a for a in advs if a.kind == "int" and a.tensor.numel() > 0]
     if not ints:
         return _getitem(x, index)
     return _getitem_modes(x, items, advs, ints, produced, mode, fill_value)
@@ -494,9 +525,18 @@ def checked_index(
 
 def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
     _, advs, _ = _parse(x, index)
-    _check_ranges(
-        [(a.tensor, -a.size, a.size, a.dim) for a in advs if not a.is_mask and a.tensor.numel()]
-    )
+    try:
+        _check_ranges(
+            [
+                (a.tensor, -a.size, a.size, a.dim)
+                for a in advs
+                if a.kind == "int" and a.tensor.numel()
+            ]
+        )
+    except IndexOutOfBoundsError:
+        if not _cpu_torch_raises(_getitem, x, index):
+            return _getitem(x, index)
+        raise
     return _getitem(x, index)
 
 
@@ -538,11 +578,11 @@ def _getitem_modes(
     if mode != "fill":
         return out
     assert valid is not None
-    if any(a.is_mask for a in advs):
-        # Bool masks contribute nonzero() counts to the broadcast shape (torch syncs for them
-        # anyway): flatten every mask into its nonzero index tensors' broadcast shape.
-        counts = [int(a.tensor.sum()) for a in advs if a.is_mask]
-        valid = valid.expand(torch.broadcast_shapes(valid.shape, *[(c,) for c in counts]))
+    others = [a.broadcast_shape() for a in advs if a.kind != "int"]
+    if others:
+        # Masks contribute their nonzero() counts (torch syncs for them anyway) and Python
+        # bools (1,) or (0,) to the broadcast shape of the advanced indices.
+        valid = valid.expand(torch.broadcast_shapes(valid.shape, *others))
     start = _fill_layout(items, advs, produced)
     view = [1] * start + list(valid.shape) + [1] * (out.dim() - start - valid.dim())
     fill = _default_fill(out.dtype) if fill_value is None else fill_value
@@ -586,7 +626,12 @@ def _select_like(
     if index.device != x.device:
         _device_mismatch(f"{op}()", x, index)
     if mode == "raise":
-        _check_ranges([(index, 0, n, d)])
+        try:
+            _check_ranges([(index, 0, n, d)])
+        except IndexOutOfBoundsError:
+            if not _cpu_torch_raises(torch_op, x, dim, index):
+                return torch_op(x, dim, index, **extra)
+            raise
         return torch_op(x, dim, index, **extra)
     if n == 0 and mode != "fill":
         raise IndexOutOfBoundsError(
