@@ -1,0 +1,438 @@
+"""The checker's engine: parse a file once, walk its tree once, hand each node to the rules.
+
+Pure stdlib (``ast``): the checker never imports torch, so it starts fast and runs where torch
+is not installed. Positions: ``ast`` gives 1-based lines and 0-based *UTF-8 byte* columns;
+everything this module hands out (diagnostics, edits) uses 0-based *character* columns
+internally and 1-based character columns in ``Diagnostic``, like flake8 and ruff print them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
+
+__all__ = ["Edit", "Fix", "Diagnostic", "Context", "Rule", "analyze", "split_lines"]
+
+SYNTAX_ERROR_CODE = "ST000"
+
+# The flake8 inline suppression: bare, or followed by a colon and codes (case-insensitive).
+_NOQA = re.compile(
+    r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE
+)
+_CODE = re.compile(r"[A-Z]+[0-9]+", re.IGNORECASE)
+# Lines exactly as the tokenizer counts them (str.splitlines would also split on \x0c, \x1c, ...).
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+# Names that other spellings of the same torch object are folded into.
+_CANONICAL = {
+    "torch.nn.parallel.DataParallel": "torch.nn.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel": "torch.nn.DataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel": (
+        "torch.nn.parallel.DistributedDataParallel"
+    ),
+    "torch.utils.data.dataloader.DataLoader": "torch.utils.data.DataLoader",
+    "torch.serialization.load": "torch.load",
+    "torch.serialization.save": "torch.save",
+}
+
+
+def split_lines(source: str) -> List[str]:
+    """Split ``source`` into lines with their endings, counting lines as ``ast`` does.
+
+    Args:
+        source: Python source text.
+
+    Returns:
+        The lines, each with its line ending (``\\n``, ``\\r\\n`` or ``\\r``) kept.
+
+    >>> split_lines("a = 1\\r\\nb = '\\x0c'\\n")
+    ['a = 1\\r\\n', "b = '\\x0c'\\n"]
+    """
+    return _LINE.findall(source)
+
+
+def canonical(qualname: str) -> str:
+    """Fold alternative spellings (``torch.nn.modules.conv.Conv2d``) into the public name."""
+    if qualname.startswith("torch.nn.modules."):
+        parts = qualname.split(".")
+        if len(parts) >= 5:  # torch.nn.modules.<file>.<Name>[.attr]
+            qualname = ".".join(["torch", "nn", *parts[4:]])
+    return _CANONICAL.get(qualname, qualname)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the source text between two positions with ``content``.
+
+    Lines are 1-based, columns 0-based characters; the end is exclusive. An insertion has
+    equal start and end.
+
+    >>> Edit(1, 4, 1, 4, ".clone()").content
+    '.clone()'
+    """
+
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    content: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON form with 1-based columns (the end column is exclusive)."""
+        return {
+            "line": self.line,
+            "col": self.col + 1,
+            "end_line": self.end_line,
+            "end_col": self.end_col + 1,
+            "content": self.content,
+        }
+
+
+@dataclass(frozen=True)
+class Fix:
+    """An automatic fix: what it does, and the edits that do it.
+
+    >>> Fix("add weights_only=True", (Edit(1, 13, 1, 13, ", weights_only=True"),)).message
+    'add weights_only=True'
+    """
+
+    message: str
+    edits: Tuple[Edit, ...]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON form: ``{"message": ..., "edits": [...]}``."""
+        return {"message": self.message, "edits": [e.to_dict() for e in self.edits]}
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding of ``safetorch check``.
+
+    Attributes:
+        path: The file, as given on the command line (``"<string>"`` for source text).
+        line: 1-based line of the start of the finding.
+        col: 1-based character column of the start.
+        end_line: 1-based line of the end.
+        end_col: 1-based character column just past the end.
+        code: The rule code, e.g. ``"ST003"``.
+        message: What is wrong, and the safetorch function (or fix) that avoids it.
+        fix: The automatic fix, or ``None`` when the rule only reports.
+
+    >>> d = Diagnostic("train.py", 3, 5, 3, 20, "ST003", "torch.load without weights_only")
+    >>> print(d)
+    train.py:3:5: ST003 torch.load without weights_only
+    """
+
+    path: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    code: str
+    message: str
+    fix: Optional[Fix] = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON form: ``{path, line, col, end_line, end_col, code, message, fix}``."""
+        return {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "end_line": self.end_line,
+            "end_col": self.end_col,
+            "code": self.code,
+            "message": self.message,
+            "fix": None if self.fix is None else self.fix.to_dict(),
+        }
+
+
+class Context:
+    """What the rules know about the file being checked: source, imports, scope, findings.
+
+    >>> ctx = Context("m.py", "import torch.nn.functional as F\\nF.upsample(x)\\n")
+    >>> ctx.add_imports(ctx.tree.body[0])
+    >>> ctx.qualname(ctx.tree.body[1].value.func)
+    'torch.nn.functional.upsample'
+    """
+
+    def __init__(self, path: str, source: str, tree: Optional[ast.Module] = None) -> None:
+        self.path = path
+        self.source = source
+        self.tree = ast.parse(source, filename=path) if tree is None else tree
+        self.imports: Dict[str, str] = {}
+        self.scope: ast.AST = self.tree
+        self.diagnostics: List[Diagnostic] = []
+        self.cache: Dict[str, Any] = {}  # analyses shared by several rules
+        self._lines: Optional[List[str]] = None
+
+    # -- source text and positions -------------------------------------------------------
+    @property
+    def lines(self) -> List[str]:
+        """The source lines, with endings."""
+        if self._lines is None:
+            self._lines = split_lines(self.source)
+        return self._lines
+
+    def char_col(self, line: int, byte_col: int) -> int:
+        """Convert ``ast``'s UTF-8 byte column on ``line`` into a character column."""
+        if line < 1 or line > len(self.lines):
+            return byte_col
+        text = self.lines[line - 1]
+        if text.isascii():
+            return byte_col
+        return len(text.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
+
+    def start(self, node: ast.AST) -> Tuple[int, int]:
+        """(line, character column) where ``node`` starts."""
+        line = node.lineno  # type: ignore[attr-defined]
+        return line, self.char_col(line, node.col_offset)  # type: ignore[attr-defined]
+
+    def end(self, node: ast.AST) -> Tuple[int, int]:
+        """(line, character column) just past the end of ``node``."""
+        line = node.end_lineno  # type: ignore[attr-defined]
+        return line, self.char_col(line, node.end_col_offset)  # type: ignore[attr-defined]
+
+    def segment(self, node: ast.AST) -> str:
+        """The source text of ``node`` (whitespace and comments inside it kept)."""
+        return ast.get_source_segment(self.source, node) or ""
+
+    # -- edits ---------------------------------------------------------------------------
+    def replace(self, node: ast.AST, content: str) -> Edit:
+        """An edit replacing the whole text of ``node``."""
+        return Edit(*self.start(node), *self.end(node), content)
+
+    def insert_after(self, node: ast.AST, content: str) -> Edit:
+        """An edit inserting ``content`` right after ``node``."""
+        line, col = self.end(node)
+        return Edit(line, col, line, col, content)
+
+    def replace_attr(self, node: ast.Attribute, attr: str) -> Edit:
+        """An edit renaming the attribute of ``x.name`` (only the name's own span)."""
+        line, col = self.end(node)
+        return Edit(line, col - len(node.attr), line, col, attr)
+
+    # -- names ---------------------------------------------------------------------------
+    def add_imports(self, node: ast.AST) -> None:
+        """Record the names an ``import`` / ``from ... import`` statement binds."""
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    self.imports[alias.asname] = alias.name
+                else:
+                    root = alias.name.split(".", 1)[0]
+                    self.imports[root] = root
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if alias.name != "*":
+                    self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    def qualname(self, node: ast.AST) -> Optional[str]:
+        """The dotted name an expression refers to through the file's imports, or None.
+
+        ``F.upsample`` with ``import torch.nn.functional as F`` gives
+        ``"torch.nn.functional.upsample"``; names that no import binds give None.
+        """
+        parts: List[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        base = self.imports.get(node.id)
+        if base is None:
+            return None
+        if parts:
+            parts.reverse()
+            return canonical(base + "." + ".".join(parts))
+        return canonical(base)
+
+    def spell(self, qualname: str) -> Optional[str]:
+        """The shortest expression that names ``qualname`` with the file's imports, or None.
+
+        >>> ctx = Context("m.py", "import torch as T\\n")
+        >>> ctx.add_imports(ctx.tree.body[0])
+        >>> ctx.spell("torch.nn.functional.interpolate")
+        'T.nn.functional.interpolate'
+        """
+        best: Optional[str] = None
+        for name, target in self.imports.items():
+            if target == qualname:
+                spelled = name
+            elif qualname.startswith(target + "."):
+                spelled = name + qualname[len(target) :]
+            else:
+                continue
+            if best is None or len(spelled) < len(best):
+                best = spelled
+        return best
+
+    # -- findings ------------------------------------------------------------------------
+    def report(
+        self,
+        code: str,
+        node: ast.AST,
+        message: str,
+        fix: Optional[Fix] = None,
+    ) -> None:
+        """Record a finding spanning ``node``."""
+        line, col = self.start(node)
+        end_line, end_col = self.end(node)
+        self.diagnostics.append(
+            Diagnostic(self.path, line, col + 1, end_line, end_col + 1, code, message, fix)
+        )
+
+    def suppressed(self, diag: Diagnostic) -> bool:
+        """True when a ``# noqa`` comment on the finding's first or last line covers it."""
+        for line in {diag.line, diag.end_line}:
+            if line < 1 or line > len(self.lines):
+                continue
+            text = self.lines[line - 1]
+            if "noqa" not in text.lower():
+                continue
+            match = _NOQA.search(text)
+            if match is None:
+                continue
+            codes = match.group("codes")
+            if codes is None:
+                return True
+            if diag.code.upper() in {c.upper() for c in _CODE.findall(codes)}:
+                return True
+        return False
+
+
+class Rule:
+    """Base of every rule: one pitfall, one code, one safetorch function.
+
+    A subclass sets the class attributes below, lists the node types it wants in
+    ``node_types`` and implements ``visit`` (called for each such node, in source order, with
+    ``self.ctx.scope`` set to the enclosing function, class or module) and, for analyses that
+    need the whole file, ``finish``. Its docstring is what ``safetorch check --explain``
+    prints. One instance checks one file.
+    """
+
+    code: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    #: One line: what goes wrong.
+    pitfall: ClassVar[str] = ""
+    #: The public safetorch function for this pitfall (``"st.load"``), if there is one.
+    safetorch: ClassVar[Optional[str]] = None
+    #: The torch entry points this pitfall lives in (what monkeypatch mode would route).
+    torch_symbols: ClassVar[Tuple[str, ...]] = ()
+    #: Whether the rule can offer an automatic fix (for some of its findings).
+    fixable: ClassVar[bool] = False
+    node_types: ClassVar[Tuple[Type[ast.AST], ...]] = ()
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def visit(self, node: Any) -> None:
+        """Look at one node of a type listed in ``node_types``."""
+
+    def finish(self) -> None:
+        """Called once after the walk, for rules that collect first and judge at the end."""
+
+    def report(self, node: ast.AST, message: str, fix: Optional[Fix] = None) -> None:
+        """Record a finding of this rule spanning ``node``."""
+        self.ctx.report(self.code, node, message, fix)
+
+
+_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_SKIP = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
+
+
+def _walk(ctx: Context, handlers: Dict[type, List[Callable[[Any], None]]]) -> None:
+    """Visit every node once, in source order (pre-order), with ``ctx.scope`` maintained."""
+    get = handlers.get
+    stack: List[Tuple[ast.AST, ast.AST]] = [(ctx.tree, ctx.tree)]
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        node, scope = pop()
+        ctx.scope = scope
+        for handler in get(type(node), ()):
+            handler(node)
+        if isinstance(node, _SCOPES):
+            scope = node
+        children: List[ast.AST] = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST) and not isinstance(item, _SKIP):
+                        children.append(item)
+            elif isinstance(value, ast.AST) and not isinstance(value, _SKIP):
+                children.append(value)
+        for child in reversed(children):
+            push((child, scope))
+
+
+def _collect_toplevel_imports(ctx: Context) -> None:
+    """Imports at module level (also inside if/try), before any rule looks at a name."""
+    todo: List[ast.stmt] = list(ctx.tree.body)
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            ctx.add_imports(stmt)
+        elif isinstance(stmt, (ast.If, ast.Try)):
+            todo.extend(stmt.body)
+            todo.extend(stmt.orelse)
+            if isinstance(stmt, ast.Try):
+                todo.extend(stmt.finalbody)
+                for handler in stmt.handlers:
+                    todo.extend(handler.body)
+
+
+def _syntax_error(path: str, source: str, exc: Exception) -> Diagnostic:
+    line = getattr(exc, "lineno", None) or 1
+    col = getattr(exc, "offset", None) or 1
+    msg = getattr(exc, "msg", None) or str(exc)
+    return Diagnostic(path, line, col, line, col, SYNTAX_ERROR_CODE, f"syntax error: {msg}")
+
+
+def analyze(
+    source: str,
+    path: str,
+    rules: Sequence[Type[Rule]],
+    *,
+    keep_syntax_errors: bool = True,
+) -> List[Diagnostic]:
+    """Run ``rules`` over ``source``; return the unsuppressed findings sorted by position.
+
+    Args:
+        source: Python source text.
+        path: Name to report the findings under.
+        rules: The rule classes to run.
+        keep_syntax_errors: Report a file that does not parse as one ``ST000`` finding.
+
+    Returns:
+        The findings, sorted by (line, column, code).
+
+    >>> analyze("def f(:\\n", "bad.py", [])[0].code
+    'ST000'
+    """
+    try:
+        tree = ast.parse(source, filename=path)
+    except (SyntaxError, ValueError) as exc:  # ValueError: source with a NUL byte
+        return [_syntax_error(path, source, exc)] if keep_syntax_errors else []
+    ctx = Context(path, source, tree)
+    _collect_toplevel_imports(ctx)
+    handlers: Dict[type, List[Callable[[Any], None]]] = {
+        ast.Import: [ctx.add_imports],
+        ast.ImportFrom: [ctx.add_imports],
+    }
+    instances = [rule(ctx) for rule in rules]
+    for inst in instances:
+        for node_type in inst.node_types:
+            handlers.setdefault(node_type, []).append(inst.visit)
+    _walk(ctx, handlers)
+    ctx.scope = tree
+    for inst in instances:
+        inst.finish()
+    found = [d for d in ctx.diagnostics if not ctx.suppressed(d)]
+    found.sort(key=lambda d: (d.line, d.col, d.code))
+    return found
