@@ -11,18 +11,16 @@ the mechanism.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from dataclasses import dataclass
 from typing import Iterator, List, Tuple
 
 from safetorch.patching import registry
 
-# Declarations, in the order `all` applies them and the report lists them.
-from safetorch.patching import upsample as _upsample  # noqa: I001
-from safetorch.patching import load as _load
-from safetorch.patching import state_dict as _state_dict
-from safetorch.patching import index as _index
-from safetorch.patching import pin_memory as _pin_memory
-from safetorch.patching import syncbn as _syncbn
+# Declarations, imported in the order `all` applies them and the report lists them.
+for _module in ("upsample", "load", "state_dict", "index", "pin_memory", "syncbn"):
+    importlib.import_module(f"safetorch.patching.{_module}")
+del _module
 
 __all__ = ["patch", "unpatch", "patched", "patches"]
 

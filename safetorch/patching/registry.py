@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import inspect
 import itertools
 import logging
 import os
@@ -168,9 +167,7 @@ def _apply_target(name: str, t: Target) -> None:
         logger.debug("safetorch patch %s: %s does not exist on this torch", name, t.qualname)
         _missing.setdefault(name, []).append(t.qualname)
         return
-    if isinstance(original, wrapt.FunctionWrapper) and getattr(
-        original, "_self_safetorch", None
-    ):
+    if isinstance(original, wrapt.FunctionWrapper) and getattr(original, "_self_safetorch", None):
         return  # already ours (e.g. a second registry after a reload): never wrap twice
     own = attr in vars(parent)
     wrapper = wrapt.FunctionWrapper(original, t.wrapper)

@@ -43,9 +43,7 @@ PATCH = registry.declare(
             "nn.SyncBatchNorm.convert_sync_batchnorm -> st.convert_sync_batchnorm (auto: keep "
             "BatchNorm without a process group, a class that runs on each device otherwise)"
         ),
-        targets=(
-            registry.Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm", _convert),
-        ),
+        targets=(registry.Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm", _convert),),
         implementation=("safetorch.nn.syncbn", "convert_sync_batchnorm"),
     )
 )

@@ -1,0 +1,167 @@
+"""``safetorch run``: run a script or module exactly as ``python`` would, with patches on.
+
+What "exactly" covers, and how:
+
+* ``sys.argv`` is ``[SCRIPT, *ARGS]`` (``-m``: the module's file, as ``python -m``);
+  ``sys.path[0]`` is the script's real directory (``-m``: the working directory);
+  ``__name__ == "__main__"``, ``__file__`` is absolute (runpy, as CPython >= 3.9).
+* Patches go on *before* the program imports anything of its own, so even names it binds
+  at import (``from torch.nn.functional import upsample``) are the wrappers.
+* Exit status: ``SystemExit`` propagates untouched; an uncaught exception prints the same
+  traceback ``python`` prints (runner and runpy frames removed, through ``sys.excepthook``)
+  and exits 1; an uncaught ``KeyboardInterrupt`` ends the process by SIGINT, as CPython does.
+* Child processes: ``SAFETORCH_PATCH`` is exported, ``fork`` children inherit the patched
+  interpreter, and ``spawn`` children (multiprocessing, DataLoader workers,
+  torch.multiprocessing.spawn) run ``import safetorch.patching._boot`` before
+  ``spawn_main`` through a wrapper on ``multiprocessing.spawn.get_command_line``.
+  ``forkserver`` children are patched only when the .pth hook is installed
+  (``safetorch install-hook``). Calls in child processes are not in the report.
+* The report goes to stderr from an ``atexit`` handler registered before the program runs,
+  so it comes after the program's own atexit handlers and after non-daemon threads end.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import runpy
+import signal
+import sys
+from types import TracebackType
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+
+import wrapt
+
+from safetorch.patching import registry
+
+__all__: List[str] = []
+
+ENV_VAR = "SAFETORCH_PATCH"
+_BOOT = "import safetorch.patching._boot; "
+_HERE = os.path.abspath(__file__)
+_RUNPY = os.path.abspath(runpy.__file__)
+
+
+def _short(site: str) -> str:
+    """A call site relative to the working directory when it lies below it."""
+    path, sep, line = site.rpartition(":")
+    if not sep or not os.path.isabs(path):
+        return site
+    rel = os.path.relpath(path)
+    return f"{rel}:{line}" if not rel.startswith("..") else site
+
+
+def format_report(names: Sequence[str]) -> str:
+    """The end-of-run report: per patch, changed calls by kind with their first call site."""
+    entries = registry.report_entries()
+    lines = [f"safetorch run: patches on: {', '.join(names) or 'none'}"]
+    by_patch: Dict[str, List[registry.ReportEntry]] = {}
+    for e in entries:
+        by_patch.setdefault(e.patch, []).append(e)
+    width = max([len(n) for n in names] + [4])
+    for name in names:
+        found = by_patch.get(name)
+        if not found:
+            lines.append(f"  {name:<{width}}  no call changed")
+            continue
+        total = sum(e.count for e in found)
+        lines.append(f"  {name:<{width}}  {total} call{'s' if total != 1 else ''} changed")
+        for e in found:
+            detail = f" ({e.detail})" if e.detail else ""
+            lines.append(f"  {'':<{width}}    {e.count:>5} x {e.kind}{detail}")
+            lines.append(f"  {'':<{width}}            first at {_short(e.first_site)}")
+    return "\n".join(lines)
+
+
+def _print_report(names: Sequence[str], stream: Optional[TextIO] = None) -> None:
+    out = stream or sys.stderr
+    try:
+        out.write(format_report(names) + "\n")
+        out.flush()
+    except (OSError, ValueError):  # stderr closed by the program
+        pass
+
+
+def _with_boot(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    cmd = list(wrapped(*args, **kwargs))
+    if "-c" in cmd:
+        i = cmd.index("-c") + 1
+        if i < len(cmd) and _BOOT not in cmd[i]:
+            cmd[i] = _BOOT + cmd[i]
+    return cmd
+
+
+class _SpawnBootstrap:
+    """Wraps ``multiprocessing.spawn.get_command_line`` for the duration of a run."""
+
+    def __enter__(self) -> None:
+        import multiprocessing.spawn as spawn
+
+        self._spawn = spawn
+        self._original = vars(spawn)["get_command_line"]
+        spawn.get_command_line = wrapt.FunctionWrapper(self._original, _with_boot)
+
+    def __exit__(self, *exc: object) -> None:
+        self._spawn.get_command_line = self._original
+
+
+def _user_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """Drop the leading runner/runpy frames, so the traceback reads as ``python``'s."""
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in (
+        _HERE,
+        _RUNPY,
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _die_by_sigint() -> None:
+    # CPython exits an uncaught KeyboardInterrupt by re-raising SIGINT (bpo-1054041), after
+    # running atexit handlers; the parent then sees "killed by SIGINT", not exit status 1.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def run(
+    target: str,
+    args: Sequence[str],
+    *,
+    module: bool = False,
+    patches: Sequence[str] = ("all",),
+    report: bool = True,
+) -> int:
+    """Run ``target`` (a script path, or a module name with ``module=True``) under patches.
+
+    Returns the exit status for an uncaught exception (1); ``SystemExit`` propagates.
+    """
+    names = registry.resolve_names(patches, default_all=True)
+    registry.enable(names)
+    registry.reset_counts()
+    os.environ[ENV_VAR] = ",".join(names)
+    if report:
+        atexit.register(_print_report, names)
+    if module:
+        sys.argv = [target, *args]  # runpy replaces argv[0] with the module's file
+        sys.path[0] = os.getcwd()
+    else:
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.realpath(target))
+    try:
+        with _SpawnBootstrap():
+            if module:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(os.path.abspath(target), run_name="__main__")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt as exc:
+        sys.excepthook(type(exc), exc, _user_traceback(exc.__traceback__))
+        _die_by_sigint()
+        return 130  # not reached
+    except BaseException as exc:
+        sys.excepthook(type(exc), exc, _user_traceback(exc.__traceback__))
+        return 1
+    return 0
