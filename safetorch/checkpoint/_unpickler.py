@@ -240,10 +240,10 @@ def _globals_in_stream(stream: IO[bytes], found: List[str]) -> bool:
                 found.append(_normalize(module, attr))
                 pushed.append(None)
             elif name == "STACK_GLOBAL":
-                attr = pushed[-1] if pushed else None
-                module = pushed[-2] if len(pushed) > 1 else None
-                if isinstance(module, str) and isinstance(attr, str):
-                    found.append(_normalize(module, attr))
+                s_attr = pushed[-1] if pushed else None
+                s_mod = pushed[-2] if len(pushed) > 1 else None
+                if isinstance(s_mod, str) and isinstance(s_attr, str):
+                    found.append(_normalize(s_mod, s_attr))
                 else:
                     found.append("<STACK_GLOBAL with a computed name>")
                 pushed.append(None)

@@ -213,7 +213,7 @@ def _diagnose(f: Any, head: bytes) -> str:
     if head.startswith(_ZIP_MAGIC):
         try:
             if not _is_path(f):
-                f.seek(0)
+                f.seek(f.tell())
             with zipfile.ZipFile(f) as archive:
                 names = archive.namelist()
         except (zipfile.BadZipFile, OSError, ValueError, EOFError):
@@ -320,10 +320,11 @@ def load(
     >>> st.load(buf)
     {'w': tensor([1., 1.])}
     """
-    name = _display(f)
-    if _is_path(f):
+    src: Any = f
+    name = _display(src)
+    if _is_path(src):
         try:
-            size = os.path.getsize(f)
+            size = os.path.getsize(src)
         except FileNotFoundError:
             raise CheckpointFileNotFoundError(
                 f"checkpoint {name} does not exist (cwd: {os.getcwd()!r})"
@@ -332,40 +333,41 @@ def load(
             raise CheckpointError(f"cannot load checkpoint {name}: the file is empty")
         start: Optional[int] = None
     else:
-        start = f.tell()
-    head = _head(f)
+        start = src.tell()
+    head = _head(src)
     if not head:
         raise CheckpointError(f"cannot load checkpoint {name}: the file is empty")
-    if _looks_like_safetensors(f, head):
-        return _load_safetensors(f, name, map_location)
+    if _looks_like_safetensors(src, head):
+        return _load_safetensors(src, name, map_location)
     is_zip = head.startswith(_ZIP_MAGIC)
-    use_mmap = bool(_mmap_supported and is_zip and _is_path(f) and mmap is not False)
+    use_mmap = bool(_mmap_supported and is_zip and _is_path(src) and mmap is not False)
     if mmap and not use_mmap:
         logger.info("mmap not possible for %s (legacy format, file object or torch < 2.1)", name)
     extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
+    if not weights_only:
+        warnings.warn(
+            f"loading {name} with weights_only=False: unpickling can run arbitrary code; "
+            "do this only for files you trust",
+            SafetorchWarning,
+            stacklevel=_user_stacklevel(),
+        )
     try:
         if not weights_only:
-            warnings.warn(
-                f"loading {name} with weights_only=False: unpickling can run arbitrary code; "
-                "do this only for files you trust",
-                SafetorchWarning,
-                stacklevel=_user_stacklevel(),
-            )
-            return _load_trusted(f, map_location, use_mmap)
-        return _load_weights_only(f, map_location, use_mmap, extra)
+            return _load_trusted(src, map_location, use_mmap)
+        return _load_weights_only(src, map_location, use_mmap, extra)
     except SafetorchError:
         raise
     except Exception as exc:
         if weights_only and (
             isinstance(exc, pickle.UnpicklingError) or _unpickler.is_refused_global(exc)
         ):
-            refusal = _refusal(f, name, extra, start)
+            refusal = _refusal(src, name, extra, start)
             if refusal is not None:
                 raise refusal from None
         if start is not None:
-            f.seek(start)
+            src.seek(start)
         raise CheckpointError(
-            f"cannot load checkpoint {name}: {_diagnose(f, head)} ({_first_line(exc)})"
+            f"cannot load checkpoint {name}: {_diagnose(src, head)} ({_first_line(exc)})"
         ) from None
 
 
@@ -374,7 +376,7 @@ def _shape_mismatch(value: Any, param: Any) -> bool:
     v_shape, p_shape = tensor_shape(value), tensor_shape(param)
     if v_shape is None or p_shape is None or v_shape == p_shape:
         return False
-    if isinstance(param, nn.parameter.UninitializedTensorMixin):
+    if nn.parameter.is_lazy(param):
         return False  # lazy modules take their shape from the checkpoint
     # torch's own backward-compat rule: a 0-dim parameter accepts a 1-element 1-dim tensor.
     return not (len(p_shape) == 0 and v_shape == (1,))

@@ -13,6 +13,7 @@ an ambiguous mapping is refused, never guessed.
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, field
 from typing import (
     Any,
@@ -207,6 +208,10 @@ def _strip_leading(key: str, prefix: str) -> str:
     return key
 
 
+def _canonical_without(key: str, prefix: str) -> str:
+    return _strip_leading(canonical_key(key), prefix)
+
+
 def _leading_prefixes(keys: Iterable[str], limit: int = 24) -> List[str]:
     counts: Dict[str, int] = collections.Counter()
     for k in keys:
@@ -271,7 +276,7 @@ def match_keys(source_keys: Iterable[str], target_keys: Iterable[str]) -> KeyMat
     for p in _leading_prefixes(canon_src):
         transforms.append(
             (
-                lambda k, p=p: _strip_leading(canonical_key(k), p),
+                functools.partial(_canonical_without, prefix=p),
                 canonical_key,
                 f"stripped leading {p!r} from checkpoint keys",
             )
@@ -280,7 +285,7 @@ def match_keys(source_keys: Iterable[str], target_keys: Iterable[str]) -> KeyMat
         transforms.append(
             (
                 canonical_key,
-                lambda k, q=q: _strip_leading(canonical_key(k), q),
+                functools.partial(_canonical_without, prefix=q),
                 f"stripped leading {q!r} from model keys",
             )
         )
