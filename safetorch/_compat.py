@@ -84,6 +84,9 @@ IS_ROCM: bool = getattr(torch.version, "hip", None) is not None
 # torch.compile and torch._dynamo.eval_frame.OptimizedModule (`_orig_mod`) -- torch 2.0
 # (pytorch/pytorch#88629).
 HAS_COMPILE: bool = hasattr(torch, "compile")
+# torch.compiler.is_compiling -- torch 2.3 (torch._dynamo.is_compiling before; deprecated in its
+# favour in 2.4). Monkeypatch wrappers use it to call torch's original while dynamo traces.
+HAS_COMPILER_IS_COMPILING: bool = hasattr(getattr(torch, "compiler", None), "is_compiling")
 # torch.aminmax -- torch 1.10 (pytorch/pytorch#62401; one pass for min and max).
 HAS_AMINMAX: bool = hasattr(torch, "aminmax")
 
@@ -112,6 +115,7 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     "HAS_SYNC_DEBUG_MODE": ("1.10", "hasattr(torch.cuda, 'set_sync_debug_mode')"),
     "IS_ROCM": ("-", "torch.version.hip"),
     "HAS_COMPILE": ("2.0", "hasattr(torch, 'compile')"),
+    "HAS_COMPILER_IS_COMPILING": ("2.3", "hasattr(torch.compiler, 'is_compiling')"),
     "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
     "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
 }
