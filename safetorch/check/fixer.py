@@ -84,11 +84,11 @@ def _overlaps(span: Tuple[int, int, str], accepted: List[Tuple[int, int, str]]) 
 
 
 def unified_diff(path: str, before: str, after: str) -> str:
-    """A ``diff -u`` of the fix, with ``a/`` and ``b/`` prefixes as git prints them.
+    """A ``diff -u`` of the fix (apply it with ``patch -p0``), as ``ruff --diff`` prints it.
 
     >>> print(unified_diff("m.py", "a = 1\\n", "a = 2\\n"), end="")
-    --- a/m.py
-    +++ b/m.py
+    --- m.py
+    +++ m.py
     @@ -1 +1 @@
     -a = 1
     +a = 2
@@ -97,8 +97,8 @@ def unified_diff(path: str, before: str, after: str) -> str:
         difflib.unified_diff(
             before.splitlines(keepends=True),
             after.splitlines(keepends=True),
-            fromfile=f"a/{path}",
-            tofile=f"b/{path}",
+            fromfile=path,
+            tofile=path,
         )
     )
 

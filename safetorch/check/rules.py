@@ -866,16 +866,18 @@ class StateDictOfWrappedModel(Rule):
 
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, ast.Assign):
-            if isinstance(node.value, ast.Call):
-                wrapper = _WRAPPERS.get(self.ctx.qualname(node.value.func) or "")
-                for target in node.targets:
-                    key = _holder_key(self.ctx, target)
-                    if key is None:
-                        continue
-                    if wrapper is not None:
-                        self._wrapped[key] = wrapper
-                    else:
-                        self._wrapped.pop(key, None)
+            value = node.value
+            wrapper = None
+            if isinstance(value, ast.Call):
+                wrapper = _WRAPPERS.get(self.ctx.qualname(value.func) or "")
+            for target in node.targets:
+                key = _holder_key(self.ctx, target)
+                if key is None:
+                    continue
+                if wrapper is not None:
+                    self._wrapped[key] = wrapper
+                else:  # rebound to something else (e.g. model = model.module)
+                    self._wrapped.pop(key, None)
             return
         assert isinstance(node, ast.Call)
         if not node.args or self.ctx.qualname(node.func) != "torch.save":

@@ -1,0 +1,228 @@
+"""``safetorch check`` on the command line: output formats, exit codes, --fix, --diff, -j."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+from safetorch._cli import main
+from safetorch.check import fixer
+
+LEGACY = """\
+import torch
+import torch.nn.functional as F
+
+y = F.upsample(x, scale_factor=2)
+sd = torch.load("a.pt")
+"""
+CLEAN = "import torch\nsd = torch.load('a.pt', map_location='cpu', weights_only=True)\n"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Tuple[int, str, str]:
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def legacy(tmp_path: Path) -> Path:
+    path = tmp_path / "legacy.py"
+    path.write_text(LEGACY)
+    return path
+
+
+def test_text_output_and_exit_1(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    code, out, err = run(capsys, str(legacy))
+    assert code == 1
+    lines = out.splitlines()
+    assert [re.match(r".+:(\d+):(\d+): (ST\d{3}) ", ln).groups() for ln in lines] == [  # type: ignore[union-attr]
+        ("4", "5", "ST001"),
+        ("5", "6", "ST003"),
+        ("5", "6", "ST004"),
+    ]
+    assert all(ln.startswith(f"{legacy}:") for ln in lines)
+    assert "found 3 finding(s) (2 fixable with --fix)" in err
+
+
+def test_clean_file_exits_0(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text(CLEAN)
+    assert run(capsys, str(tmp_path)) == (0, "", "")
+
+
+def test_exit_zero(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    code, out, _ = run(capsys, "--exit-zero", str(legacy))
+    assert code == 0 and out.count("\n") == 3
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    code, out, _ = run(capsys, "--format", "json", str(legacy))
+    assert code == 1
+    data = json.loads(out)
+    assert [d["code"] for d in data] == ["ST001", "ST003", "ST004"]
+    for d in data:
+        assert set(d) == {"path", "line", "col", "end_line", "end_col", "code", "message", "fix"}
+    assert data[0]["fix"]["edits"] == [
+        {"line": 4, "col": 7, "end_line": 4, "end_col": 15, "content": "interpolate"}
+    ]
+    assert data[2]["fix"] is None
+
+
+def test_select_and_ignore(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    _, out, _ = run(capsys, "--select", "ST003,ST004", "--ignore", "ST004", str(legacy))
+    assert [ln.split(": ")[1].split()[0] for ln in out.splitlines()] == ["ST003"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--select", "XX9"], "unknown rule code 'XX9'"),
+        (["--ignore", "ST9"], "unknown rule code 'ST9'"),
+        ([], "no PATH given"),
+        (["does/not/exist.py"], "no such file or directory"),
+        (["--fix", "--diff"], "exclude each other"),
+        (["-j", "0"], "-j must be at least 1"),
+        (["--explain", "ST999"], "unknown rule code 'ST999'"),
+    ],
+)
+def test_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], legacy: Path, argv: List[str], message: str
+) -> None:
+    paths = [] if argv in ([], ["--explain", "ST999"]) or "does/not" in argv[0] else [str(legacy)]
+    code, _, err = run(capsys, *argv, *paths)
+    assert code == 2
+    assert message in err and "usage: safetorch check" in err
+
+
+def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--format", "xml", str(legacy)])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--explain", "ST005")
+    assert code == 0
+    assert out.startswith("ST005 (detach-then-inplace):")
+    assert "st.safe_copy" in out and "Fix: automatic (--fix)" in out
+
+
+def test_diff_prints_and_writes_nothing(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    before = legacy.read_bytes()
+    code, out, _ = run(capsys, "--diff", str(legacy))
+    assert code == 1
+    assert legacy.read_bytes() == before
+    assert out.startswith(f"--- {legacy}\n+++ {legacy}\n")
+    changed = [ln for ln in out.splitlines()[2:] if ln[:1] in "+-"]
+    assert changed == [
+        "-y = F.upsample(x, scale_factor=2)",
+        '-sd = torch.load("a.pt")',
+        "+y = F.interpolate(x, scale_factor=2)",
+        '+sd = torch.load("a.pt", weights_only=True)',
+    ]
+
+
+def test_no_write_without_fix(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    before = legacy.stat().st_mtime_ns, legacy.read_bytes()
+    run(capsys, str(legacy))
+    assert (legacy.stat().st_mtime_ns, legacy.read_bytes()) == before
+
+
+def test_fix_writes_and_is_idempotent(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
+    legacy.chmod(0o640)
+    code, out, err = run(capsys, "--fix", str(legacy))
+    assert code == 1  # ST004 (no map_location) has no automatic fix and remains
+    assert [ln.split(": ")[1].split()[0] for ln in out.splitlines()] == ["ST004"]
+    assert "fixed 2 finding(s)" in err
+    fixed = legacy.read_text()
+    assert fixed == LEGACY.replace("F.upsample(", "F.interpolate(").replace(
+        '"a.pt")', '"a.pt", weights_only=True)'
+    )
+    assert stat.S_IMODE(legacy.stat().st_mode) == 0o640
+    assert [p.name for p in legacy.parent.iterdir()] == ["legacy.py"]  # no temp file left
+    code, _, err = run(capsys, "--fix", str(legacy))
+    assert legacy.read_text() == fixed and "fixed" not in err
+    assert run(capsys, "--fix", "--ignore", "ST004", str(legacy))[0] == 0
+
+
+def test_failed_write_leaves_original(
+    capsys: pytest.CaptureFixture[str], legacy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fixer.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        main(["check", "--fix", str(legacy)])
+    assert legacy.read_text() == LEGACY
+    assert [p.name for p in legacy.parent.iterdir()] == ["legacy.py"]
+
+
+def test_syntax_error_reported_and_run_goes_on(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "a_bad.py").write_text("def f(:\n")
+    (tmp_path / "b_legacy.py").write_text(LEGACY)
+    (tmp_path / "c_latin1.py").write_bytes(b"x = '\xe9'\n")  # not UTF-8, no coding line
+    code, out, _ = run(capsys, str(tmp_path))
+    assert code == 1
+    found = [(Path(ln.split(":")[0]).name, ln.split(": ")[1].split()[0]) for ln in out.splitlines()]
+    assert found == [
+        ("a_bad.py", "ST000"),
+        ("b_legacy.py", "ST001"),
+        ("b_legacy.py", "ST003"),
+        ("b_legacy.py", "ST004"),
+        ("c_latin1.py", "ST000"),
+    ]
+
+
+def test_directory_walk_skips_default_excludes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for sub in (".git", ".venv", "build", "dist", "__pycache__", "pkg.egg-info", "src/pkg"):
+        (tmp_path / sub).mkdir(parents=True)
+        (tmp_path / sub / "m.py").write_text(LEGACY)
+    (tmp_path / "src" / "pkg" / "notes.txt").write_text(LEGACY)
+    _, out, _ = run(capsys, str(tmp_path))
+    assert {ln.split(":")[0] for ln in out.splitlines()} == {str(tmp_path / "src" / "pkg" / "m.py")}
+    # A file named explicitly is checked even inside an excluded directory.
+    code, out, _ = run(capsys, str(tmp_path / "build" / "m.py"))
+    assert code == 1 and out
+
+
+def test_noqa_suppresses(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("import torch\nsd = torch.load('a.pt')  # noqa: ST003, ST004\nx = 1  # noqa\n")
+    assert run(capsys, str(path))[0] == 0
+
+
+def test_parallel_jobs_match_serial(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for i in range(6):
+        (tmp_path / f"m{i}.py").write_text(LEGACY if i % 2 else CLEAN)
+    serial = run(capsys, str(tmp_path))
+    parallel = run(capsys, "-j", "2", str(tmp_path))
+    assert serial == parallel and serial[0] == 1
+    assert run(capsys, "-j", "2", "--fix", str(tmp_path))[0] == 1
+    assert all("upsample(" not in p.read_text() for p in tmp_path.glob("*.py"))
+
+
+def test_console_entry_point(tmp_path: Path, legacy: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run(
+        [sys.executable, "-m", "safetorch", "check", "--select", "ST001", str(legacy)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.startswith(f"{legacy}:4:5: ST001 F.upsample is deprecated")

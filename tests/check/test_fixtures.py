@@ -1,0 +1,83 @@
+"""Fixture files: ``*.py`` with ``# expect: CODE`` comments, and ``*.in.py`` -> ``*.out.py`` fixes."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+from safetorch.check import check_source, fix_source
+
+FIXTURES = Path(__file__).parent / "fixtures"
+_EXPECT = re.compile(r"# expect: ([A-Z0-9 ]+)")
+
+FINDING_FIXTURES = sorted(
+    p for p in FIXTURES.glob("*.py") if not p.name.endswith((".in.py", ".out.py"))
+)
+FIX_PAIRS = sorted(FIXTURES.glob("*.in.py"))
+
+
+def _expected(source: str) -> List[Tuple[int, str]]:
+    found = []
+    for number, line in enumerate(source.splitlines(), start=1):
+        match = _EXPECT.search(line)
+        if match:
+            found.extend((number, code) for code in match.group(1).split())
+    return sorted(found)
+
+
+def test_fixture_sets_are_not_empty() -> None:
+    assert len(FINDING_FIXTURES) >= 10
+    assert len(FIX_PAIRS) >= 5
+
+
+@pytest.mark.parametrize("path", FINDING_FIXTURES, ids=lambda p: p.name)
+def test_expected_findings(path: Path) -> None:
+    source = path.read_text()
+    got = sorted((d.line, d.code) for d in check_source(source, str(path)))
+    assert got == _expected(source)
+
+
+def test_clean_idioms_have_no_findings() -> None:
+    source = (FIXTURES / "clean.py").read_text()
+    assert _expected(source) == []
+    assert check_source(source) == []
+
+
+@pytest.mark.parametrize("path", FIX_PAIRS, ids=lambda p: p.name)
+def test_fix_pair(path: Path) -> None:
+    before = path.read_text()
+    expected = path.with_name(path.name.replace(".in.py", ".out.py")).read_text()
+    after = fix_source(before, str(path))
+    assert after == expected
+    # Idempotent: a second fix changes nothing.
+    assert fix_source(after, str(path)) == after
+    # The fixed file parses, nothing fixable is left, and no new finding appeared.
+    ast.parse(after)
+    left = check_source(after, str(path))
+    assert [d for d in left if d.fix is not None] == []
+    before_codes = Counter(d.code for d in check_source(before, str(path)))
+    after_codes = Counter(d.code for d in left)
+    assert after_codes - before_codes == Counter()
+    # Every fixable finding of the input was fixed.
+    assert sum(d.fix is not None for d in check_source(before, str(path))) > 0
+
+
+@pytest.mark.parametrize("path", FIX_PAIRS, ids=lambda p: p.name)
+def test_fix_only_touches_finding_lines(path: Path) -> None:
+    before = path.read_text()
+    after = fix_source(before)
+    touched = {
+        line
+        for d in check_source(before)
+        if d.fix is not None
+        for e in d.fix.edits
+        for line in range(e.line, e.end_line + 1)
+    }
+    for number, (old, new) in enumerate(zip(before.splitlines(), after.splitlines()), start=1):
+        if number not in touched:
+            assert old == new, f"line {number} changed outside any finding"

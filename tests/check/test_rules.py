@@ -1,0 +1,307 @@
+"""Rules: alias resolution, positions, the rule table, --select/--ignore, no torch import."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import List
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+from safetorch.check import (
+    RULE_TABLE,
+    RULES,
+    check_source,
+    explain,
+    fix_source,
+    rule_for,
+    select_rules,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PUBLIC_SAFETORCH_NAMES = {
+    "st.upsample",
+    "st.upsample_nearest",
+    "st.upsample_bilinear",
+    "st.Upsample",
+    "st.load",
+    "st.load_state_dict",
+    "st.unwrap_model",
+    "st.safe_copy",
+    "st.cuda_timer",
+    "st.convert_sync_batchnorm",
+    "st.PinnedBatch",
+    "st.lint_model",
+    "st.check_loader",
+}
+
+
+def codes(source: str, **kw: object) -> List[str]:
+    return [d.code for d in check_source(textwrap.dedent(source), **kw)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "imports, call",
+    [
+        ("import torch.nn.functional as F", "F.upsample(x, scale_factor=2)"),
+        ("from torch.nn import functional as Fn", "Fn.upsample(x, scale_factor=2)"),
+        ("from torch.nn.functional import upsample", "upsample(x, scale_factor=2)"),
+        ("import torch as T", "T.nn.functional.upsample(x, scale_factor=2)"),
+        ("import torch", "torch.nn.functional.upsample(x, scale_factor=2)"),
+        ("import torch.nn", "torch.nn.functional.upsample(x, scale_factor=2)"),
+        ("from torch import nn", "nn.functional.upsample(x, scale_factor=2)"),
+        (
+            "try:\n    import torch.nn.functional as F\nexcept ImportError:\n    F = None",
+            "F.upsample(x)",
+        ),
+    ],
+)
+def test_import_aliases_resolve(imports: str, call: str) -> None:
+    assert codes(f"{imports}\ny = {call}\n") == ["ST001"]
+
+
+def test_function_local_import_resolves() -> None:
+    src = """
+    def f(x):
+        import torch.nn.functional as G
+        return G.upsample_nearest(x, scale_factor=2)
+    """
+    assert codes(src) == ["ST001"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "F.upsample(x)\n",  # F never imported: not torch's
+        "from mylib import F\nF.upsample(x)\n",
+        "import numpy as torch\ntorch.load('a')\n",
+        "def load(p): ...\nload('a.pt')\n",
+        "import pickle\npickle.load(open('a', 'rb'))\n",
+        "from torch import nn\nnn.Upsample(scale_factor=2)\n",
+        "import torch.nn.functional as F\nF.interpolate(x, scale_factor=2)\n",
+    ],
+)
+def test_unrelated_names_are_not_flagged(source: str) -> None:
+    assert codes(source) == []
+
+
+def test_positions_are_one_based_characters() -> None:
+    src = 'import torch\ns = "éé"; sd = torch.load("a.pt", map_location="cpu")\n'
+    (d,) = check_source(src, "m.py")
+    line = src.splitlines()[1]
+    assert (d.line, d.col) == (2, line.index("torch.load") + 1)
+    assert (d.end_line, d.end_col) == (2, len(line) + 1)
+    fixed = fix_source(src)
+    assert (
+        fixed.splitlines()[1]
+        == 's = "éé"; sd = torch.load("a.pt", map_location="cpu", weights_only=True)'
+    )
+
+
+def test_fix_keeps_crlf_line_endings() -> None:
+    src = 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu"\r\n)\r\n'
+    fixed = fix_source(src)
+    assert (
+        fixed
+        == 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu", weights_only=True\r\n)\r\n'
+    )
+
+
+def test_form_feed_does_not_shift_lines() -> None:
+    # str.splitlines() would split at \x0c; the tokenizer does not.
+    src = "import torch\n# page\x0cbreak\nx.detach().zero_()\n"
+    assert fix_source(src) == "import torch\n# page\x0cbreak\nx.detach().clone().zero_()\n"
+
+
+def test_text_format_is_flake8_style() -> None:
+    (d,) = check_source("import torch\ntorch.load('a', map_location='cpu')\n", "pkg/m.py")
+    assert re.fullmatch(r"pkg/m\.py:2:1: ST003 .+", str(d))
+
+
+def test_syntax_error_is_reported_with_position() -> None:
+    (d,) = check_source("x = 1\ndef f(:\n    pass\n", "bad.py")
+    assert (d.code, d.line) == ("ST000", 2)
+    assert d.message.startswith("syntax error")
+
+
+def test_null_byte_is_a_syntax_error_not_a_crash() -> None:
+    assert codes("x = 1\x00\n") == ["ST000"]
+
+
+def test_detach_rebinding_stops_tracking() -> None:
+    src = """
+    def f(x):
+        y = x.detach()
+        y = y * 2
+        y.add_(1)
+    """
+    assert codes(src) == []
+
+
+def test_detach_tracking_is_per_scope() -> None:
+    src = """
+    def f(x):
+        y = x.detach()
+        return y
+
+    def g(y):
+        y.add_(1)
+    """
+    assert codes(src) == []
+
+
+def test_timing_without_cuda_in_file_is_not_flagged() -> None:
+    src = """
+    import time
+    t0 = time.time()
+    work()
+    t1 = time.time()
+    """
+    assert codes(src) == []
+
+
+def test_bias_rule_skips_unknown_bias_expressions() -> None:
+    src = """
+    import torch.nn as nn
+    use_bias = False
+    nn.Sequential(nn.Conv2d(3, 8, 3, bias=use_bias), nn.BatchNorm2d(8))
+    nn.Sequential(nn.Conv2d(3, 8, 3, **kw), nn.BatchNorm2d(8))
+    nn.Sequential(nn.Conv2d(*args), nn.BatchNorm2d(8))
+    """
+    assert codes(src) == []
+
+
+def test_pin_memory_rule_trusts_classes_it_cannot_see() -> None:
+    src = """
+    from torch.utils.data import DataLoader
+    from mylib import ExternalBatch
+
+    class Local(ExternalBatch):
+        pass
+
+    def collate(samples):
+        return Local(samples)
+
+    DataLoader([], pin_memory=True, collate_fn=collate)
+    DataLoader([], pin_memory=False, collate_fn=collate)
+    """
+    assert codes(src) == []
+
+
+def test_state_dict_rule_needs_the_wrapper() -> None:
+    src = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(model, bare):
+        bare = bare.cpu()
+        model = DDP(model)
+        torch.save(model.module.state_dict(), "a.pt")
+        torch.save(bare.state_dict(), "b.pt")
+        model = model.module
+        torch.save(model.state_dict(), "c.pt")
+    """
+    assert codes(src) == []
+
+
+def test_rule_table_covers_every_rule() -> None:
+    assert list(RULE_TABLE) == ["ST000"] + [r.code for r in RULES]
+    assert len(set(RULE_TABLE)) == len(RULE_TABLE) == 15
+    for code, info in RULE_TABLE.items():
+        assert re.fullmatch(r"ST\d{3}", code)
+        assert info.pitfall and info.name
+        assert info.safetorch is None or info.safetorch in PUBLIC_SAFETORCH_NAMES
+        rule = rule_for(code)
+        assert (rule.__doc__ or "").startswith(f"{code}: "), code
+        assert info.fixable == rule.fixable
+
+
+def test_messages_name_the_safetorch_function() -> None:
+    fixtures = Path(__file__).parent / "fixtures"
+    seen = set()
+    for path in fixtures.glob("*.py"):
+        for d in check_source(path.read_text(), str(path)):
+            seen.add(d.code)
+            expected = RULE_TABLE[d.code].safetorch
+            if expected is not None:
+                assert expected in d.message, d
+    assert seen == set(RULE_TABLE)  # every rule is exercised by some fixture
+
+
+@pytest.mark.parametrize("code", list(RULE_TABLE))
+def test_explain_prints_the_docstring(code: str) -> None:
+    text = explain(code.lower())
+    assert text.startswith(f"{code} (")
+    first_doc_line = (rule_for(code).__doc__ or "").splitlines()[0]
+    assert first_doc_line in text
+
+
+def test_select_and_ignore_by_prefix() -> None:
+    src = "import torch\ntorch.load('a')\nx.detach().zero_()\n"
+    assert codes(src) == ["ST003", "ST004", "ST005"]
+    assert codes(src, select="ST003") == ["ST003"]
+    assert codes(src, select=["ST003", "ST005"]) == ["ST003", "ST005"]
+    assert codes(src, ignore="ST00") == []
+    assert codes(src, select="ALL", ignore="ST004") == ["ST003", "ST005"]
+    assert select_rules("ST003")[1] is False  # ST000 not selected
+    with pytest.raises(ValueError, match="unknown rule code 'XX1'"):
+        select_rules("XX1")
+
+
+_FIXABLE_LINES = [
+    "a = F.upsample(x, scale_factor=2)",
+    "b = F.upsample_nearest(x, None, 2)",
+    "c = F.upsample_bilinear(x, size=(4, 4))",
+    "d = nn.UpsamplingBilinear2d(scale_factor=2)",
+    "e = torch.load(path, map_location='cpu')",
+    "f = x.detach()\nf.add_(1)",
+    "x.detach().mul_(2)",
+    "p.add_argument('cfg', default='a.yaml')",
+    "s = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))",
+    "t = torch.load(F.upsample(x, scale_factor=2).detach(), map_location='cpu')",
+    "u = 1  # noqa",
+]
+_HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+
+@settings(max_examples=60)
+@given(hst.lists(hst.sampled_from(_FIXABLE_LINES), min_size=1, max_size=8), hst.booleans())
+def test_fix_is_idempotent_and_complete(lines: List[str], indent: bool) -> None:
+    body = "\n".join(lines) + "\n"
+    if indent:
+        body = "def f(x, path, p):\n" + textwrap.indent(body, "    ")
+    source = _HEADER + body
+    fixed = fix_source(source)
+    ast.parse(fixed)
+    assert fix_source(fixed) == fixed
+    assert [d for d in check_source(fixed) if d.fix is not None] == []
+
+
+def test_checker_never_imports_torch() -> None:
+    # Load safetorch.check without safetorch/__init__.py (which imports torch for the
+    # library): the checker itself must work on a machine without torch.
+    script = textwrap.dedent(
+        f"""
+        import sys, types
+        pkg = types.ModuleType("safetorch")
+        pkg.__path__ = [{str(REPO / "safetorch")!r}]
+        sys.modules["safetorch"] = pkg
+        import safetorch.check as c
+        import safetorch.check.cli
+        found = c.check_source("import torch\\ntorch.load('a')\\n")
+        assert [d.code for d in found] == ["ST003", "ST004"], found
+        assert "torch" not in sys.modules, "the checker imported torch"
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
