@@ -1,0 +1,185 @@
+"""PointwiseConv1d: equal to nn.Conv1d(k=1), state_dict both ways, autotune cached once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st_h
+
+import safetorch as st
+from safetorch.nn import pointwise
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Any:
+    st.PointwiseConv1d.clear_autotune_cache()
+    yield
+    st.PointwiseConv1d.clear_autotune_cache()
+
+
+def pair(cin: int, cout: int, bias: bool = True, impl: str = "auto") -> Any:
+    conv = torch.nn.Conv1d(cin, cout, kernel_size=1, bias=bias)
+    pw = st.PointwiseConv1d(cin, cout, bias=bias, impl=impl)
+    pw.load_state_dict(conv.state_dict())
+    return conv, pw
+
+
+@given(
+    b=st_h.integers(1, 4),
+    cin=st_h.integers(1, 9),
+    cout=st_h.integers(1, 9),
+    length=st_h.integers(1, 12),
+    bias=st_h.booleans(),
+    impl=st_h.sampled_from(["conv", "linear", "auto"]),
+)
+def test_outputs_and_grads_equal_conv1d(
+    b: int, cin: int, cout: int, length: int, bias: bool, impl: str
+) -> None:
+    conv, pw = pair(cin, cout, bias, impl)
+    x = torch.randn(b, cin, length, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    y, y2 = conv(x), pw(x2)
+    torch.testing.assert_close(y2, y)
+    y.square().sum().backward()
+    y2.square().sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad)
+    torch.testing.assert_close(pw.weight.grad, conv.weight.grad)
+    if bias:
+        torch.testing.assert_close(pw.bias.grad, conv.bias.grad)
+
+
+@pytest.mark.parametrize("impl", ["conv", "linear", "auto"])
+def test_unbatched_double_and_noncontiguous_inputs(impl: str) -> None:
+    conv, pw = pair(5, 3, impl=impl)
+    x = torch.randn(5, 7)
+    torch.testing.assert_close(pw(x), conv(x))
+    xt = torch.randn(2, 7, 5).transpose(1, 2)  # what a linear-path layer outputs
+    torch.testing.assert_close(pw(xt), conv(xt))
+    conv64, pw64 = conv.double(), pw.double()
+    x64 = torch.randn(2, 5, 4, dtype=torch.float64)
+    torch.testing.assert_close(pw64(x64), conv64(x64))
+
+
+def test_parameters_and_state_dict_identical_both_ways() -> None:
+    conv = torch.nn.Conv1d(6, 4, kernel_size=1)
+    pw = st.PointwiseConv1d(6, 4)
+    assert isinstance(pw, torch.nn.Conv1d)
+    assert [(n, p.shape) for n, p in pw.named_parameters()] == [
+        (n, p.shape) for n, p in conv.named_parameters()
+    ]
+    assert pw.load_state_dict(conv.state_dict()) is not None
+    back = torch.nn.Conv1d(6, 4, kernel_size=1)
+    back.load_state_dict(pw.state_dict(), strict=True)
+    for k, v in pw.state_dict().items():
+        assert torch.equal(v, back.state_dict()[k])
+    no_bias = st.PointwiseConv1d(6, 4, bias=False)
+    assert list(no_bias.state_dict()) == ["weight"] and no_bias.bias is None
+
+
+def test_linear_path_returns_a_transposed_view() -> None:
+    _, pw = pair(4, 3, impl="linear")
+    y = pw(torch.randn(2, 4, 5))
+    assert not y.is_contiguous() and y.transpose(1, 2).is_contiguous()
+    assert pw(y.new_ones(2, 4, 5)).shape == (2, 3, 5)
+
+
+def test_bad_impl_and_shape_errors_match_conv() -> None:
+    with pytest.raises(ValueError, match="impl must be one of"):
+        st.PointwiseConv1d(2, 2, impl="fast")
+    pw = st.PointwiseConv1d(2, 2, impl="linear")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        pw.impl = "Linear"
+    conv = torch.nn.Conv1d(2, 2, kernel_size=1)
+    bad = torch.randn(1, 3, 4)
+    with pytest.raises(RuntimeError) as ours:
+        pw(bad)
+    with pytest.raises(RuntimeError) as theirs:
+        conv(bad)
+    assert str(ours.value) == str(theirs.value)
+    assert "impl='linear'" in repr(pw)
+
+
+# --- autotune ------------------------------------------------------------------------------
+def count_measurements(
+    monkeypatch: pytest.MonkeyPatch, winner: str, delay: float = 0.0
+) -> List[str]:
+    calls: List[str] = []
+
+    def fake(impl: str, x: Any, w: Any, b: Any) -> float:
+        calls.append(impl)
+        time.sleep(delay)
+        return 1.0 if impl == winner else 2.0
+
+    monkeypatch.setattr(pointwise, "_time_ms", fake)
+    return calls
+
+
+@pytest.mark.parametrize("winner", ["conv", "linear"])
+def test_autotune_measures_once_per_bucket(monkeypatch: pytest.MonkeyPatch, winner: str) -> None:
+    calls = count_measurements(monkeypatch, winner)
+    conv, pw = pair(8, 4)
+    used: List[str] = []
+    monkeypatch.setitem(
+        pointwise._RUN, winner, lambda *a, _f=pointwise._RUN[winner]: used.append(1) or _f(*a)
+    )
+    x = torch.randn(3, 8, 100)
+    torch.testing.assert_close(pw(x), conv(x))
+    assert calls == ["conv", "linear"] and len(used) == 1
+    pw(torch.randn(4, 8, 120))  # same bucket (4, 128): cached
+    other = st.PointwiseConv1d(8, 4)  # another instance, same key: process-wide cache
+    other(torch.randn(3, 8, 128))
+    assert calls == ["conv", "linear"] and len(used) == 3
+    pw(torch.randn(3, 8, 300))  # new length bucket
+    assert len(calls) == 4
+    assert set(st.PointwiseConv1d.autotune_cache().values()) == {winner}
+
+
+def test_autotune_key_separates_dtype_channels_and_grad_mode() -> None:
+    k = pointwise._key
+    w = torch.zeros(4, 8, 1, requires_grad=True)
+    x = torch.zeros(3, 8, 100)
+    base = k(x, w, None)
+    assert k(torch.zeros(4, 8, 128), w, None) == base
+    assert k(x.double(), w, None) != base
+    assert k(x, torch.zeros(5, 8, 1, requires_grad=True), None) != base
+    assert k(x, w, torch.zeros(4)) != base
+    with torch.no_grad():
+        assert k(x, w, None) != base
+    assert k(torch.zeros(3, 100, 8).transpose(1, 2), w, None) != base
+
+
+def test_autotune_is_thread_safe(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = count_measurements(monkeypatch, "linear", delay=0.05)
+    conv, pw = pair(4, 4)
+    x = torch.randn(2, 4, 16)
+    expected = conv(x)
+    errors: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            torch.testing.assert_close(pw(x), expected)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and calls == ["conv", "linear"]
+
+
+def test_autotune_real_measurement_and_meta(monkeypatch: pytest.MonkeyPatch) -> None:
+    conv, pw = pair(16, 8)
+    x = torch.randn(2, 16, 32)
+    torch.testing.assert_close(pw(x), conv(x))
+    assert list(st.PointwiseConv1d.autotune_cache().values())[0] in ("conv", "linear")
+    calls = count_measurements(monkeypatch, "linear")
+    meta = st.PointwiseConv1d(16, 8, device="meta")
+    assert meta(torch.empty(2, 16, 32, device="meta")).shape == (2, 8, 32)
+    assert calls == []
