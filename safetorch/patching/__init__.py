@@ -58,14 +58,15 @@ def unpatch(*names: str) -> List[str]:
 
     After it, each patched attribute ``is`` torch's original object again and attributes
     that were inherited (``Tensor.__getitem__``) are deleted, so ``vars()`` of every touched
-    module and class equals its state before :func:`patch`. Open :func:`patched` contexts of
-    the same names are overridden.
+    module and class equals its state before :func:`patch`. A patch that an open
+    :func:`patched` context holds (in this or another thread) stays on until that context
+    exits.
 
     Args:
         *names: Patch names; ``"all"`` or no name at all means every patch.
 
     Returns:
-        The names this call turned off.
+        The names this call turned off (not those still held by a context).
 
     Raises:
         ValueError: An unknown name.

@@ -35,6 +35,8 @@ def _unchecked(device_type: str) -> bool:
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     if _unchecked(instance.device.type) or registry.nested(_NAME) or kwargs or len(args) != 1:
         return wrapped(*args, **kwargs)
+    if registry.compiling():  # a checked index syncs the host: not inside a graph
+        return wrapped(*args, **kwargs)
     registry.record(_NAME, f"x[index] -> st.checked_index ({instance.device.type})")
     with registry.reentry(_NAME):
         return _tensor.checked_index(instance, args[0])
@@ -68,6 +70,8 @@ def _select_like(op: str, label: str, extra: Tuple[str, ...]) -> Any:
         x = instance if instance is not None else (args[0] if args else kwargs.get("input"))
         device = getattr(x, "device", None)
         if device is None or _unchecked(device.type) or registry.nested(_NAME):
+            return wrapped(*args, **kwargs)
+        if registry.compiling():
             return wrapped(*args, **kwargs)
         bound = _bind(instance, args, kwargs, extra)
         if bound is None:

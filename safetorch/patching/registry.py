@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+import torch
 import wrapt
 
+from safetorch import _compat
 from safetorch.errors import SafetorchWarning
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
@@ -255,10 +257,18 @@ def disable(names: Sequence[str]) -> List[str]:
         changed = []
         for n in names:
             _explicit.discard(n)
-            _holds.pop(n, None)
-            if _sync(n):
+            if _sync(n):  # stays on while a patched() context holds it
                 changed.append(n)
         return changed
+
+
+def reset() -> None:
+    """Everything off, open contexts forgotten (tests and interpreter shutdown)."""
+    with _lock:
+        _explicit.clear()
+        _holds.clear()
+        for n in list(_declared):
+            _sync(n)
 
 
 def hold(names: Sequence[str]) -> None:
@@ -415,6 +425,32 @@ def nested(name: str) -> bool:
     return bool(busy) and name in busy
 
 
+# --- torch.compile -------------------------------------------------------------------------
+def _never_compiling() -> bool:
+    return False
+
+
+def _compiling_dynamo() -> bool:
+    return bool(torch._dynamo.is_compiling())
+
+
+compiling: Callable[[], bool] = _never_compiling
+
+
+@_compat.register_binder
+def _bind_compiling() -> None:
+    # While dynamo traces a wrapper, is_compiling() is a constant True: the branch that calls
+    # torch's original (or skips counting) is all dynamo sees, so fullgraph=True holds and
+    # no frame inspection or host sync ends up in the graph.
+    global compiling
+    if _compat.HAS_COMPILER_IS_COMPILING:
+        compiling = torch.compiler.is_compiling
+    elif _compat.HAS_COMPILE:  # torch 2.0-2.2
+        compiling = _compiling_dynamo
+    else:  # torch < 2.0: no dynamo
+        compiling = _never_compiling
+
+
 # --- counting ------------------------------------------------------------------------------
 def _dir_of(module: Any) -> str:
     return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
@@ -472,7 +508,12 @@ _stats_lock = threading.Lock()
 
 
 def record(patch: str, kind: str, detail: str = "") -> None:
-    """Count one changed call of ``kind`` under ``patch``; the first one keeps its call site."""
+    """Count one changed call of ``kind`` under ``patch``; the first one keeps its call site.
+
+    Nothing is counted while dynamo traces (a compiled graph has no Python call to count).
+    """
+    if compiling():
+        return
     stat = _stats.get((patch, kind))
     if stat is None:
         site = call_site(3)
