@@ -239,7 +239,7 @@ class PinnedBatch:
         device(type='cpu')
         """
         moved = copy.copy(self)
-        to_device = _device_move.to_device  # type: ignore[attr-defined]
+        to_device = _device_move.to_device
         for name in _attribute_names(self):
             value = to_device(getattr(self, name), device, non_blocking=non_blocking)
             object.__setattr__(moved, name, value)
