@@ -180,7 +180,7 @@ def make_restricted_pickle_module(extra: Mapping[str, Any]) -> types.ModuleType:
 
     class Unpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
-            full = f"{module}.{name}"
+            full = _normalize(module, name)  # what pickle's own find_class does for proto <= 2
             if full in allowed:
                 return allowed[full]
             if full in pending:

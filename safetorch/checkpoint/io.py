@@ -236,16 +236,17 @@ def _first_line(exc: BaseException) -> str:
 
 def _refusal(
     f: Any, name: str, extra: Mapping[str, Any], start: Optional[int]
-) -> Optional[UnsafeCheckpointError]:
+) -> Tuple[Optional[UnsafeCheckpointError], bool]:
+    """(the refusal listing every unsafe global or None, whether the pickle scanned cleanly)."""
     if start is not None:
         f.seek(start)
     try:
-        names, _ = _unpickler.scan_globals(f)
+        names, complete = _unpickler.scan_globals(f)
     except Exception:  # unreadable: not a refusal but a corrupt file
-        return None
+        return None, False
     unsafe = _unpickler.unsafe_globals(names, extra)
     if not unsafe:
-        return None
+        return None, complete
     dangerous = [n for n in unsafe if n in _unpickler.KNOWN_DANGEROUS]
     call = f"st.load({name}, allow={unsafe!r})"
     message = (
@@ -261,7 +262,7 @@ def _refusal(
         f" If you trust the file and these globals, load it with {call}; to load a fully "
         f"trusted file use st.load({name}, weights_only=False)."
     )
-    return UnsafeCheckpointError(message, tuple(unsafe))
+    return UnsafeCheckpointError(message, tuple(unsafe)), complete
 
 
 def _load_safetensors(f: Any, name: str, map_location: Any) -> Any:
@@ -361,9 +362,19 @@ def load(
         if weights_only and (
             isinstance(exc, pickle.UnpicklingError) or _unpickler.is_refused_global(exc)
         ):
-            refusal = _refusal(src, name, extra, start)
+            refusal, clean = _refusal(src, name, extra, start)
             if refusal is not None:
                 raise refusal from None
+            if clean and _load_weights_only is not _load_restricted:
+                # Only allowed globals, yet torch's weights-only unpickler gave up (e.g. it
+                # lacks protocol-4 FRAME support): the restricted unpickler is as strict.
+                logger.debug("torch refused %s (%s); retrying restricted", name, exc)
+                if start is not None:
+                    src.seek(start)
+                try:
+                    return _load_restricted(src, map_location, use_mmap, extra)
+                except Exception as retry_exc:
+                    exc = retry_exc
         if start is not None:
             src.seek(start)
         raise CheckpointError(
