@@ -509,6 +509,11 @@ def checked_index(
     """
     if mode == "raise":
         if check is None:
+            if x.is_cpu and _device.cpu_unchecked:
+                # CPU kernels raise IndexError themselves. Plain syntax, not the captured
+                # slot: it is ~0.6 us cheaper, and a patched __getitem__ returns the original
+                # at once on CPU.
+                return x[index]
             if x.device.type not in _device._unchecked:
                 return _checked_getitem_raise(x, index)
             return _getitem(x, index)
@@ -692,8 +697,11 @@ def index_select(
     >>> st.index_select(torch.arange(6), 0, torch.tensor([7, -1]), mode="wrap")
     tensor([1, 5])
     """
-    if mode == "raise" and not _needs_check(x.device.type, check):
-        return _index_select(x, dim, index)
+    if mode == "raise":
+        if check is None and x.is_cpu and _device.cpu_unchecked:
+            return _index_select(x, dim, index)  # CPU kernels raise IndexError themselves
+        if not _needs_check(x.device.type, check):
+            return _index_select(x, dim, index)
     _validate_mode(mode)
     return _select_like("index_select", _index_select, x, dim, index, mode, fill_value, check, {})
 
@@ -732,8 +740,11 @@ def gather(
     tensor([[2],
             [3]])
     """
+    if mode == "raise":
+        if check is None and x.is_cpu and _device.cpu_unchecked:
+            return _gather(x, dim, index, sparse_grad=sparse_grad)  # CPU raises by itself
+        if not _needs_check(x.device.type, check):
+            return _gather(x, dim, index, sparse_grad=sparse_grad)
     extra: Dict[str, Any] = {"sparse_grad": sparse_grad} if sparse_grad else {}
-    if mode == "raise" and not _needs_check(x.device.type, check):
-        return _gather(x, dim, index, **extra)
     _validate_mode(mode)
     return _select_like("gather", _gather, x, dim, index, mode, fill_value, check, extra)
