@@ -31,6 +31,9 @@ _lock = threading.Lock()
 # takes seconds per call on CPU; one timed run then decides).
 _BUDGET_MS = 200.0
 _MAX_RUNS = 5
+# Below this many multiply-adds both kernels take microseconds and the cache lookup itself
+# would cost more than the choice gains: use conv (one kernel, no transposes) directly.
+_TINY_MACS = 1 << 20
 
 
 def _bucket(n: int) -> int:
@@ -53,7 +56,7 @@ _RUN = {"conv": _conv, "linear": _linear}
 def _key(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Hashable:
     batch = x.shape[0] if x.dim() == 3 else 0
     return (
-        str(x.device),
+        x.device,
         x.dtype,
         weight.shape[1],
         weight.shape[0],
@@ -100,7 +103,7 @@ class PointwiseConv1d(torch.nn.Conv1d):
     ``F.conv1d`` against ``F.linear`` on the transposed view once per (device, dtype,
     channels, power-of-two bucket of batch and length, contiguity, grad mode), caches the
     winner process-wide (thread-safe) and uses it from then on; CPU and CUDA are measured,
-    other devices use conv. The linear path returns a transposed view (the strides of a
+    other devices, and inputs under about a million multiply-adds, use conv. The linear path returns a transposed view (the strides of a
     ``(B, L, C_out)`` tensor): call ``.contiguous()`` before ``.view()`` on its output, and
     chain pointwise layers freely (the next one reads it without a copy).
 
@@ -154,9 +157,11 @@ class PointwiseConv1d(torch.nn.Conv1d):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         impl = self._impl
-        if input.dim() not in (2, 3) or input.shape[-2] != self.in_channels:
-            impl = "conv"  # let conv1d raise its usual shape error
-        elif impl == "auto":
+        if impl == "conv" or input.dim() not in (2, 3) or input.shape[-2] != self.in_channels:
+            return F.conv1d(input, self.weight, self.bias)  # wrong shapes: conv's own error
+        if impl == "auto":
+            if input.numel() * self.out_channels < _TINY_MACS:
+                return F.conv1d(input, self.weight, self.bias)
             impl = _choose(input, self.weight, self.bias)
         return _RUN[impl](input, self.weight, self.bias)
 

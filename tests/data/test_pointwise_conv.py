@@ -16,7 +16,8 @@ from safetorch.nn import pointwise
 
 
 @pytest.fixture(autouse=True)
-def fresh_cache() -> Any:
+def fresh_cache(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(pointwise, "_TINY_MACS", 0)  # autotune even the small test shapes
     st.PointwiseConv1d.clear_autotune_cache()
     yield
     st.PointwiseConv1d.clear_autotune_cache()
@@ -183,3 +184,12 @@ def test_autotune_real_measurement_and_meta(monkeypatch: pytest.MonkeyPatch) -> 
     meta = st.PointwiseConv1d(16, 8, device="meta")
     assert meta(torch.empty(2, 16, 32, device="meta")).shape == (2, 8, 32)
     assert calls == []
+
+
+def test_tiny_inputs_skip_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pointwise, "_TINY_MACS", 1 << 20)
+    calls = count_measurements(monkeypatch, "linear")
+    conv, pw = pair(16, 16)
+    x = torch.randn(1, 16, 32)
+    torch.testing.assert_close(pw(x), conv(x))
+    assert calls == [] and pw(x).is_contiguous()
