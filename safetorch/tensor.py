@@ -377,7 +377,8 @@ def _record(t: torch.Tensor, lo: int, n: int, dim: int, site: int, op: str) -> N
     dev = t.device
     flat = t.reshape(-1).to(torch.int64)
     bad = (flat < lo) | (flat >= n)
-    first = flat[bad.to(torch.uint8).argmax()]
+    # index_select with a 1-element device tensor: indexing with a 0-d tensor could sync.
+    first = _index_select(flat, 0, bad.to(torch.uint8).argmax().reshape(1)).reshape(())
     entry = torch.stack(
         [
             torch.ones((), dtype=torch.int64, device=dev),
