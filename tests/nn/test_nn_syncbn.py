@@ -1,0 +1,239 @@
+"""convert/revert_sync_batchnorm and st.SyncBatchNorm in one process (2-rank checks: tests/dist)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import safetorch as st
+
+syncbn = importlib.import_module("safetorch.nn.syncbn")
+
+
+class BNReLU(nn.BatchNorm2d):
+    """A BatchNorm subclass with its own forward (BN + activation)."""
+
+    def forward(self, x):
+        return super().forward(x).relu()
+
+
+class NamedBN(nn.BatchNorm2d):
+    """A BatchNorm subclass that does not override forward."""
+
+
+def small_model():
+    return nn.Sequential(
+        nn.Conv1d(2, 3, 1),
+        nn.BatchNorm1d(3),
+        nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4, momentum=None)),
+        nn.BatchNorm3d(5, affine=False),
+    )
+
+
+def test_no_process_group_returns_module_unchanged_and_logs_why(caplog):
+    model = small_model()
+    before = [type(m) for m in model.modules()]
+    with caplog.at_level(logging.DEBUG, logger="safetorch"):
+        assert st.convert_sync_batchnorm(model) is model
+    assert [type(m) for m in model.modules()] == before
+    assert "no process group is initialized" in caplog.text
+
+
+def test_world_size_one_returns_module_unchanged(tmp_path, caplog):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        model = small_model()
+        with caplog.at_level(logging.DEBUG, logger="safetorch"):
+            assert st.convert_sync_batchnorm(model) is model
+        assert type(model[1]) is nn.BatchNorm1d
+        assert "world size 1" in caplog.text
+        # st.SyncBatchNorm with one rank is plain BatchNorm
+        bn, ref = st.SyncBatchNorm(3), nn.BatchNorm1d(3)
+        x = torch.randn(5, 3)
+        torch.testing.assert_close(bn(x), ref(x), rtol=0, atol=0)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("policy", "target"), [("portable", st.SyncBatchNorm), ("torch", nn.SyncBatchNorm)]
+)
+def test_conversion_shares_state_and_reverts_to_original_classes(policy, target):
+    model = small_model()
+    model[1].weight.requires_grad_(False)
+    model[2][1].eval()
+    model[2][1].qconfig = "kept"
+    calls = []
+    handle = model[1].register_forward_hook(lambda m, i, o: calls.append(1))
+    tensors = {k: v for k, v in model.state_dict(keep_vars=True).items()}
+    keys = list(model.state_dict())
+
+    converted = st.convert_sync_batchnorm(model, policy=policy)
+    assert converted is model
+    for path in ("1", "2.1", "3"):
+        assert type(model.get_submodule(path)) is target
+    assert list(model.state_dict()) == keys
+    for key, value in model.state_dict(keep_vars=True).items():
+        assert value is tensors[key], key  # shared, not copied
+    assert not model[1].weight.requires_grad
+    assert model[1].training and not model[2][1].training
+    assert model[2][1].qconfig == "kept" and model[2][1].momentum is None
+    assert model[3].weight is None and not model[3].affine
+
+    x = torch.randn(4, 2, 6)
+    if policy == "portable":  # without a process group: plain BatchNorm, same numbers
+        model[1](model[0](x))
+        assert calls == [1]  # hooks carried over
+    handle.remove()
+    if policy == "portable":
+        model[1](model[0](x))
+        assert calls == [1]  # ... and their handles still remove them
+
+    reverted = st.revert_sync_batchnorm(model)
+    assert reverted is model
+    assert type(model[1]) is nn.BatchNorm1d
+    assert type(model[2][1]) is nn.BatchNorm2d
+    assert type(model[3]) is nn.BatchNorm3d
+    assert not hasattr(model[1], "process_group")
+    for key, value in model.state_dict(keep_vars=True).items():
+        assert value is tensors[key], key
+
+
+def test_root_batchnorm_is_replaced_and_returned():
+    bn = nn.BatchNorm2d(3)
+    sync = st.convert_sync_batchnorm(bn, policy="portable")
+    assert type(sync) is st.SyncBatchNorm and sync.weight is bn.weight
+    back = st.revert_sync_batchnorm(sync)
+    assert type(back) is nn.BatchNorm2d and back.running_mean is bn.running_mean
+
+
+def test_shared_layer_is_converted_once():
+    bn = nn.BatchNorm1d(3)
+    model = nn.Sequential(bn, nn.ReLU(), bn)
+    st.convert_sync_batchnorm(model, policy="portable")
+    assert model[0] is model[2] and type(model[0]) is st.SyncBatchNorm
+
+
+def test_subclass_with_own_forward_is_skipped_with_a_warning_naming_it():
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), BNReLU(3), NamedBN(3), nn.BatchNorm2d(3))
+    with pytest.warns(st.SafetorchWarning, match=r"1 \(BNReLU defines its own forward\)"):
+        st.convert_sync_batchnorm(model, policy="portable")
+    assert type(model[1]) is BNReLU
+    # a subclass without its own forward converts, and reverts to itself
+    assert type(model[2]) is st.SyncBatchNorm and type(model[3]) is st.SyncBatchNorm
+    st.revert_sync_batchnorm(model)
+    assert type(model[2]) is NamedBN and type(model[3]) is nn.BatchNorm2d
+
+
+def test_warning_points_at_the_caller():
+    with pytest.warns(st.SafetorchWarning) as record:
+        st.convert_sync_batchnorm(nn.Sequential(BNReLU(2)), policy="portable")
+    assert record[0].filename == __file__
+
+
+def test_registered_converter_is_used_through_the_mro():
+    class BNReLUChild(BNReLU):
+        pass
+
+    seen = []
+
+    @st.register_sync_batchnorm_converter(BNReLU)
+    def convert(module, group, sync_class):
+        seen.append((type(module), sync_class))
+        sync = st.convert_sync_batchnorm(nn.BatchNorm2d(module.num_features), policy="portable")
+        return nn.Sequential(sync, nn.ReLU())
+
+    try:
+        model = nn.Sequential(BNReLU(3), BNReLUChild(3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            st.convert_sync_batchnorm(model, policy="portable")
+        assert [type(m[0]) for m in model] == [st.SyncBatchNorm, st.SyncBatchNorm]
+        assert seen == [(BNReLU, st.SyncBatchNorm), (BNReLUChild, st.SyncBatchNorm)]
+    finally:
+        st.unregister_sync_batchnorm_converter(BNReLU)
+    with pytest.warns(st.SafetorchWarning):
+        st.convert_sync_batchnorm(nn.Sequential(BNReLU(3)), policy="portable")
+
+
+def test_register_rejects_non_classes_and_non_callables():
+    with pytest.raises(TypeError, match="cls must be a class"):
+        st.register_sync_batchnorm_converter("BatchNorm2d", lambda *a: None)
+    with pytest.raises(TypeError, match="converter must be callable"):
+        st.register_sync_batchnorm_converter(BNReLU, 3)
+
+
+def test_uninitialized_lazy_layer_is_skipped_with_a_warning():
+    model = nn.Sequential(nn.LazyBatchNorm2d())
+    with pytest.warns(st.SafetorchWarning, match="uninitialized lazy layer"):
+        st.convert_sync_batchnorm(model, policy="portable")
+    assert isinstance(model[0], nn.LazyBatchNorm2d)
+
+
+def test_torch_syncbn_swapped_for_portable_one_and_reverted_with_default():
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(3)))
+    st.convert_sync_batchnorm(model, policy="portable")
+    assert type(model[0]) is st.SyncBatchNorm
+    st.revert_sync_batchnorm(model, default=nn.BatchNorm1d)
+    assert type(model[0]) is nn.BatchNorm1d
+    made_by_torch = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm3d(3)))
+    assert type(st.revert_sync_batchnorm(made_by_torch)[0]) is nn.BatchNorm2d
+
+
+def test_invalid_policy_names_the_choices():
+    with pytest.raises(ValueError, match="'auto', 'torch', 'portable'"):
+        st.convert_sync_batchnorm(nn.BatchNorm1d(2), policy="always")
+
+
+@pytest.mark.parametrize("momentum", [0.1, None, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_portable_syncbn_without_process_group_equals_batchnorm(momentum, dtype):
+    ours = st.SyncBatchNorm(4, momentum=momentum, dtype=dtype)
+    ref = nn.BatchNorm2d(4, momentum=momentum, dtype=dtype)
+    for _ in range(3):
+        x = torch.randn(3, 4, 2, 2, dtype=dtype)
+        torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
+    torch.testing.assert_close(ours.state_dict(), ref.state_dict(), rtol=0, atol=0)
+    ours.eval()
+    ref.eval()
+    x = torch.randn(2, 4, 2, 2, dtype=dtype)
+    torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
+
+
+def test_portable_syncbn_state_dict_interchangeable_with_torch_classes():
+    ours = st.SyncBatchNorm(3)
+    ours.load_state_dict(nn.SyncBatchNorm(3).state_dict())
+    nn.BatchNorm2d(3).load_state_dict(ours.state_dict())
+    assert repr(ours).replace("SyncBatchNorm", "") == repr(nn.SyncBatchNorm(3)).replace(
+        "SyncBatchNorm", ""
+    )
+
+
+def test_portable_syncbn_rejects_bad_input_with_the_shape():
+    with pytest.raises(ValueError, match=r"at least 2D input.*\(5,\)"):
+        st.SyncBatchNorm(5)(torch.randn(5))
+    with pytest.raises(ValueError, match="non-zero"):
+        st.SyncBatchNorm(0)(torch.randn(2, 0))
+
+
+def test_torch_syncbn_problem_is_bound_per_torch_release(simulate_torch):
+    # torch >= 2.0 (installed): falls back to batch_norm without a process group
+    assert syncbn.torch_syncbn_problem("cpu", False) is None
+    assert "cuda" in syncbn._torch_syncbn_devices and "xpu" in syncbn._torch_syncbn_devices
+    assert "initialized process group" in syncbn.torch_syncbn_problem("cpu", True)
+    assert syncbn.torch_syncbn_problem("cuda", True) is None
+    with simulate_torch(SYNCBN_FALLS_BACK_WITHOUT_PG=False):
+        assert syncbn._torch_syncbn_devices == frozenset({"cuda"})
+        assert "every forward" in syncbn.torch_syncbn_problem("cpu", False)
+        assert "without an initialized process group" in syncbn.torch_syncbn_problem("cuda", False)
+        assert syncbn.torch_syncbn_problem("cuda", True) is None
+        # "auto" picks the portable class for devices torch's SyncBatchNorm then lacked
+        fake_xpu = nn.BatchNorm1d(2)
+        assert syncbn._sync_class_for(fake_xpu, "auto") is st.SyncBatchNorm
+    assert "xpu" in syncbn._torch_syncbn_devices
