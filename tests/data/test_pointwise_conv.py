@@ -8,7 +8,7 @@ from typing import Any, List
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st_h
 
 import safetorch as st
@@ -30,6 +30,7 @@ def pair(cin: int, cout: int, bias: bool = True, impl: str = "auto") -> Any:
     return conv, pw
 
 
+@settings(max_examples=40)
 @given(
     b=st_h.integers(1, 4),
     cin=st_h.integers(1, 9),
@@ -106,6 +107,9 @@ def test_bad_impl_and_shape_errors_match_conv() -> None:
 
 
 # --- autotune ------------------------------------------------------------------------------
+ONE_TUNING = ["conv", "linear"] * pointwise._ROUNDS
+
+
 def count_measurements(
     monkeypatch: pytest.MonkeyPatch, winner: str, delay: float = 0.0
 ) -> List[str]:
@@ -130,13 +134,13 @@ def test_autotune_measures_once_per_bucket(monkeypatch: pytest.MonkeyPatch, winn
     )
     x = torch.randn(3, 8, 100)
     torch.testing.assert_close(pw(x), conv(x))
-    assert calls == ["conv", "linear"] and len(used) == 1
+    assert calls == ONE_TUNING and len(used) == 1
     pw(torch.randn(4, 8, 120))  # same bucket (4, 128): cached
     other = st.PointwiseConv1d(8, 4)  # another instance, same key: process-wide cache
     other(torch.randn(3, 8, 128))
-    assert calls == ["conv", "linear"] and len(used) == 3
+    assert calls == ONE_TUNING and len(used) == 3
     pw(torch.randn(3, 8, 300))  # new length bucket
-    assert len(calls) == 4
+    assert len(calls) == 2 * len(ONE_TUNING)
     assert set(st.PointwiseConv1d.autotune_cache().values()) == {winner}
 
 
@@ -155,7 +159,7 @@ def test_autotune_key_separates_dtype_channels_and_grad_mode() -> None:
 
 
 def test_autotune_is_thread_safe(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = count_measurements(monkeypatch, "linear", delay=0.05)
+    calls = count_measurements(monkeypatch, "linear", delay=0.01)
     conv, pw = pair(4, 4)
     x = torch.randn(2, 4, 16)
     expected = conv(x)
@@ -172,7 +176,7 @@ def test_autotune_is_thread_safe(monkeypatch: pytest.MonkeyPatch) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert not errors and calls == ["conv", "linear"]
+    assert not errors and calls == ONE_TUNING
 
 
 def test_autotune_real_measurement_and_meta(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,6 +188,21 @@ def test_autotune_real_measurement_and_meta(monkeypatch: pytest.MonkeyPatch) -> 
     meta = st.PointwiseConv1d(16, 8, device="meta")
     assert meta(torch.empty(2, 16, 32, device="meta")).shape == (2, 8, 32)
     assert calls == []
+
+
+def test_measurement_stops_at_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: List[str] = []
+
+    def slow(impl: str, *a: Any) -> float:
+        calls.append(impl)
+        return 150.0 if impl == "conv" else 120.0  # over the 200 ms budget after one round
+
+    monkeypatch.setattr(pointwise, "_time_ms", slow)
+    assert pointwise._measure(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), None) == {
+        "conv": 150.0,
+        "linear": 120.0,
+    }
+    assert calls == ["conv", "linear"]
 
 
 def test_tiny_inputs_skip_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
