@@ -701,10 +701,11 @@ class CheckpointSaver:
         self.last_path = os.path.join(self.directory, last_name)
         self.best_path = os.path.join(self.directory, best_name)
         self.index_path = os.path.join(self.directory, index_name)
-        os.makedirs(self.directory, exist_ok=True)
-        self.index: Dict[str, Any] = self._read_index()
+        # Under torch.distributed rank 0 reads and broadcasts: construct on every rank.
+        self.index: Dict[str, Any] = on_rank0(self._read_index)
 
     def _read_index(self) -> Dict[str, Any]:
+        os.makedirs(self.directory, exist_ok=True)
         try:
             with open(self.index_path, encoding="utf-8") as fh:
                 index = json.load(fh)
@@ -758,10 +759,10 @@ class CheckpointSaver:
             True when ``best.pt`` was rewritten.
         """
         value = float(metric.item() if isinstance(metric, torch.Tensor) else metric)
-        improved = self.is_better(value)
         entry = {"epoch": int(epoch), "metric": value}
 
-        def write() -> Dict[str, Any]:
+        def write() -> Tuple[Dict[str, Any], bool]:
+            improved = self.is_better(value)
             _save_local(state, self.last_path, self.unwrap)
             index = dict(self.index)
             index["last"] = dict(entry, file=os.path.basename(self.last_path))
@@ -775,7 +776,8 @@ class CheckpointSaver:
                     fh.write(text)
 
             atomic_write(self.index_path, write_index)
-            return index
+            return index, improved
 
-        self.index = on_rank0(write)
-        return improved
+        # Rank 0 decides and writes; every rank gets its index and verdict.
+        self.index, improved = on_rank0(write)
+        return bool(improved)

@@ -1,0 +1,74 @@
+"""Run by test_save.py: DDP over gloo, world size 2; rank 0 saves, every rank loads.
+
+Usage: python _ddp_worker.py DIR. Each rank writes DIR/rank<r>.json with what it observed.
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import safetorch as st
+from safetorch.checkpoint import io as ckpt_io
+
+
+def run(rank: int, directory: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{directory}/store", rank=rank, world_size=2
+    )
+    saves = []
+    real_save = ckpt_io._torch_save
+    ckpt_io._torch_save = lambda obj, f: (saves.append(f), real_save(obj, f))[1]
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    )
+    loss = model(torch.randn(6, 4) + rank).sum()
+    loss.backward()  # gradients are all-reduced; weights stay identical
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    path = os.path.join(directory, "ddp.pt")
+    st.save_checkpoint({"state_dict": model.state_dict(), "epoch": 1}, path)
+    complete = os.path.exists(path)  # every rank returns only after the file is complete
+    plain = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)
+    )
+    report = st.load_state_dict(plain, path)
+    # Parameters agree on every rank (BatchNorm running stats are per rank under DDP).
+    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.module.parameters()))
+    saver = st.CheckpointSaver(os.path.join(directory, "run"), mode="min")
+    improved = [
+        saver.save({"model": model.state_dict()}, epoch=e, metric=m)
+        for e, m in enumerate([3.0, 1.0, 2.0])
+    ]
+    result = {
+        "rank": rank,
+        "writes": len(saves),
+        "complete": complete,
+        "ok": report.ok,
+        "rule": report.rule,
+        "same": same,
+        "improved": improved,
+        "best_epoch": saver.best_epoch,
+    }
+    with open(os.path.join(directory, f"rank{rank}.json"), "w") as fh:
+        json.dump(result, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    ctx = mp.start_processes(run, args=(sys.argv[1],), nprocs=2, join=False, start_method="fork")
+    deadline = 40.0
+    import time
+
+    start = time.monotonic()
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() - start > deadline:
+            for p in ctx.processes:
+                p.kill()
+            sys.exit("timed out")
