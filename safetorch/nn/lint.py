@@ -212,7 +212,7 @@ def _bias_before_bn(
     nodes: List[_Node], shapes: Dict[str, Tuple[int, ...]]
 ) -> List[Tuple[Finding, nn.Module, _BatchNorm]]:
     calls = _calls_per_path(nodes)
-    found = []
+    found: List[Tuple[Finding, nn.Module, _BatchNorm]] = []
     for node in nodes:
         bn = node.module
         if not isinstance(bn, _BatchNorm) or len(node.inputs) != 1:
@@ -223,7 +223,8 @@ def _bias_before_bn(
             continue
         # Fix only a one-to-one pair: the layer's output goes nowhere else, neither module is
         # called at another place, and the bias is per BN channel.
-        if producer.users != [node] or calls[producer.path] != 1 or calls[node.path] != 1:
+        pair_calls = (calls.get(str(producer.path)), calls.get(str(node.path)))
+        if producer.users != [node] or pair_calls != (1, 1):
             continue
         if isinstance(layer, _ConvNd):
             if layer.out_channels != bn.num_features:
@@ -378,9 +379,11 @@ def _layer_rules(model: nn.Module, shapes: Dict[str, Tuple[int, ...]]) -> List[F
 
 def _fold_bias(layer: nn.Module, bn: _BatchNorm) -> None:
     """Remove ``layer.bias`` and fold it into ``bn.running_mean``: BN(z + b) == BN'(z)."""
+    bias = layer.bias
+    assert isinstance(bias, torch.Tensor)
     with torch.no_grad():
         if bn.running_mean is not None:
-            bn.running_mean.sub_(layer.bias.detach().to(bn.running_mean.dtype))
+            bn.running_mean.sub_(bias.detach().to(bn.running_mean.dtype))
     layer.bias = None  # type: ignore[assignment]
 
 
