@@ -290,11 +290,15 @@ def scan_globals(source: Any) -> Tuple[List[str], bool]:
         found: List[str] = []
         complete = True
         if head == b"PK\x03\x04":
-            with zipfile.ZipFile(stream) as archive:
-                pkls = [n for n in archive.namelist() if n.endswith("data.pkl")]
-                for member in pkls:
-                    data = archive.read(member)
-                    complete &= _globals_in_stream(io.BytesIO(data), found)
+            try:
+                with zipfile.ZipFile(stream) as archive:
+                    pkls = [n for n in archive.namelist() if n.endswith("data.pkl")]
+                    complete = bool(pkls)
+                    for member in pkls:
+                        data = archive.read(member)
+                        complete &= _globals_in_stream(io.BytesIO(data), found)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+                complete = False  # damaged archive: the loader reports it
         else:
             # Legacy format: magic number, protocol, sys info, the object, storage keys -- five
             # pickles, then raw storage bytes. A raw malicious pickle is just the first one.
