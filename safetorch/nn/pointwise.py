@@ -28,6 +28,9 @@ _MEASURED_DEVICES = ("cpu", "cuda")
 # misses measure under the lock so each key is measured exactly once.
 _cache: Dict[Hashable, str] = {}
 _lock = threading.Lock()
+# Bumped by clear_autotune_cache so every instance drops its per-shape memo too.
+_generation = 0
+_MEMO_MAX = 64  # per-instance memo entries (variable-length inputs must not grow it forever)
 # Stop measuring once this much time is spent (the seed's 128x4096x256 -> 512 takes seconds
 # per call on CPU; one run of each then decides).
 _BUDGET_MS = 200.0
@@ -156,6 +159,10 @@ class PointwiseConv1d(torch.nn.Conv1d):
             in_channels, out_channels, kernel_size=1, bias=bias, device=device, dtype=dtype
         )
         self.impl = impl
+        # Per-instance memo of the process-wide decision, keyed by the exact input signature:
+        # one hash of a small tuple instead of building the bucketed key on every call.
+        self._memo: Dict[Hashable, str] = {}
+        self._memo_generation = _generation
 
     @property
     def impl(self) -> str:
@@ -177,8 +184,26 @@ class PointwiseConv1d(torch.nn.Conv1d):
         if impl == "auto":
             if input.numel() * self.out_channels < _TINY_MACS:
                 return F.conv1d(input, self.weight, self.bias)
-            impl = _choose(input, self.weight, self.bias)
+            impl = self._auto_impl(input)
         return _RUN[impl](input, self.weight, self.bias)
+
+    def _auto_impl(self, input: torch.Tensor) -> str:
+        sig = (
+            input.shape,
+            input.dtype,
+            input.device,
+            input.is_contiguous(),
+            torch.is_grad_enabled() and self.weight.requires_grad,
+        )
+        if self._memo_generation != _generation:
+            self._memo, self._memo_generation = {}, _generation
+        impl = self._memo.get(sig)
+        if impl is None:
+            impl = _choose(input, self.weight, self.bias)
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            self._memo[sig] = impl
+        return impl
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}, impl={self._impl!r}"
@@ -206,5 +231,7 @@ class PointwiseConv1d(torch.nn.Conv1d):
         >>> st.PointwiseConv1d.autotune_cache()
         {}
         """
+        global _generation
         with _lock:
             _cache.clear()
+            _generation += 1

@@ -144,6 +144,21 @@ def test_autotune_measures_once_per_bucket(monkeypatch: pytest.MonkeyPatch, winn
     assert set(st.PointwiseConv1d.autotune_cache().values()) == {winner}
 
 
+def test_clearing_the_cache_reaches_instance_memos(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = count_measurements(monkeypatch, "linear")
+    _, pw = pair(8, 4)
+    x = torch.randn(2, 8, 16)
+    pw(x)
+    pw(x)
+    assert calls == ONE_TUNING
+    st.PointwiseConv1d.clear_autotune_cache()
+    pw(x)
+    assert calls == ONE_TUNING * 2
+    for length in range(1, 200):  # the per-instance memo stays bounded
+        pw(torch.randn(1, 8, length))
+    assert len(pw._memo) <= pointwise._MEMO_MAX
+
+
 def test_autotune_key_separates_dtype_channels_and_grad_mode() -> None:
     k = pointwise._key
     w = torch.zeros(4, 8, 1, requires_grad=True)
