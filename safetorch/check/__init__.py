@@ -62,9 +62,4 @@ def explain(code: str) -> str:
 
     rule = rule_for(code)
     doc = inspect.cleandoc(rule.__doc__ or "")
-    body = doc.split("\n", 1)[1].strip() if "\n" in doc else ""
-    fix = "automatic (--fix)" if rule.fixable else "manual"
-    head = f"{rule.code} ({rule.name}): {rule.pitfall}"
-    lines = [head, "", doc.split("\n", 1)[0], "", body, "", f"Fix: {fix}"]
-    lines.append(f"safetorch: {rule.safetorch or 'none'}")
-    return "\n".join(lines).rstrip() + "\n"
+    return f"{rule.code} ({rule.name}): {rule.pitfall}\n\n{doc}\n"

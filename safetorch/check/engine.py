@@ -169,6 +169,8 @@ class Context:
         self.diagnostics: List[Diagnostic] = []
         self.cache: Dict[str, Any] = {}  # analyses shared by several rules
         self._lines: Optional[List[str]] = None
+        # Several rules ask about the same callee; nodes outlive the check, so ids are stable.
+        self._qualnames: Dict[int, Optional[str]] = {}
 
     # -- source text and positions -------------------------------------------------------
     @property
@@ -199,7 +201,14 @@ class Context:
 
     def segment(self, node: ast.AST) -> str:
         """The source text of ``node`` (whitespace and comments inside it kept)."""
-        return ast.get_source_segment(self.source, node) or ""
+        # Not ast.get_source_segment: it re-splits the whole file on every call.
+        line, col = self.start(node)
+        end_line, end_col = self.end(node)
+        if line == end_line:
+            return self.lines[line - 1][col:end_col]
+        parts = [self.lines[line - 1][col:], *self.lines[line : end_line - 1]]
+        parts.append(self.lines[end_line - 1][:end_col])
+        return "".join(parts)
 
     # -- edits ---------------------------------------------------------------------------
     def replace(self, node: ast.AST, content: str) -> Edit:
@@ -237,6 +246,14 @@ class Context:
         ``F.upsample`` with ``import torch.nn.functional as F`` gives
         ``"torch.nn.functional.upsample"``; names that no import binds give None.
         """
+        key = id(node)
+        if key in self._qualnames:
+            return self._qualnames[key]
+        name = self._resolve(node)
+        self._qualnames[key] = name
+        return name
+
+    def _resolve(self, node: ast.AST) -> Optional[str]:
         parts: List[str] = []
         while isinstance(node, ast.Attribute):
             parts.append(node.attr)
@@ -341,31 +358,61 @@ class Rule:
         self.ctx.report(self.code, node, message, fix)
 
 
-_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-_SKIP = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
+_SCOPES = frozenset({ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef})
+# Fields that never hold a child node worth visiting (names, flags, operators, contexts).
+_LEAF_FIELDS = frozenset(
+    {"ctx", "op", "ops", "id", "attr", "arg", "kind", "type_comment", "level", "module"}
+    | {"is_async", "conversion", "name", "names", "simple"}
+)
+_CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
+
+
+def _child_fields(cls: type) -> Tuple[str, ...]:
+    """The fields of node class ``cls`` that can hold child nodes (cached per class)."""
+    fields = _CHILD_FIELDS.get(cls)
+    if fields is None:
+        fields = tuple(f for f in cls._fields if f not in _LEAF_FIELDS)  # type: ignore[attr-defined]
+        if cls is ast.Constant or cls.__name__ == "MatchSingleton":
+            fields = ()
+        _CHILD_FIELDS[cls] = fields
+    return fields
 
 
 def _walk(ctx: Context, handlers: Dict[type, List[Callable[[Any], None]]]) -> None:
-    """Visit every node once, in source order (pre-order), with ``ctx.scope`` maintained."""
+    """Visit every node once, in source order (pre-order), with ``ctx.scope`` maintained.
+
+    The one walk all rules share; it dominates the checker's run time, hence the plain loop
+    over cached child fields instead of ``ast.NodeVisitor``.
+    """
     get = handlers.get
+    fields_of = _CHILD_FIELDS.get
     stack: List[Tuple[ast.AST, ast.AST]] = [(ctx.tree, ctx.tree)]
     pop = stack.pop
     push = stack.append
+    AST = ast.AST
     while stack:
         node, scope = pop()
-        ctx.scope = scope
-        for handler in get(type(node), ()):
-            handler(node)
-        if isinstance(node, _SCOPES):
+        cls = type(node)
+        handler_list = get(cls)
+        if handler_list:
+            ctx.scope = scope
+            for handler in handler_list:
+                handler(node)
+        fields = fields_of(cls)
+        if fields is None:
+            fields = _child_fields(cls)
+        if not fields:
+            continue
+        if cls in _SCOPES:
             scope = node
         children: List[ast.AST] = []
-        for name in node._fields:
+        for name in fields:
             value = getattr(node, name, None)
-            if isinstance(value, list):
+            if value.__class__ is list:
                 for item in value:
-                    if isinstance(item, ast.AST) and not isinstance(item, _SKIP):
+                    if isinstance(item, AST):
                         children.append(item)
-            elif isinstance(value, ast.AST) and not isinstance(value, _SKIP):
+            elif isinstance(value, AST):
                 children.append(value)
         for child in reversed(children):
             push((child, scope))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
 
 from safetorch.check.engine import SYNTAX_ERROR_CODE, Context, Edit, Fix, Rule
 
@@ -172,6 +172,11 @@ class DeprecatedUpsamplingModule(Rule):
 # ---------------------------------------------------------------------------------------------
 # torch.load
 # ---------------------------------------------------------------------------------------------
+def _loads_something(call: ast.Call) -> bool:
+    """``torch.load(path)`` or ``torch.load(f=path)`` (not a bare ``torch.load()``)."""
+    return bool(call.args) or _keyword(call, "f") is not None
+
+
 class LoadWithoutWeightsOnly(Rule):
     """ST003: ``torch.load`` without ``weights_only``.
 
@@ -195,7 +200,7 @@ class LoadWithoutWeightsOnly(Rule):
     def visit(self, node: ast.Call) -> None:
         if self.ctx.qualname(node.func) != "torch.load" or _has_double_star(node):
             return
-        if _keyword(node, "weights_only") is not None or not node.args:
+        if _keyword(node, "weights_only") is not None or not _loads_something(node):
             return
         edit = _add_keywords(self.ctx, node, "weights_only=True")
         fix = None if edit is None else Fix("add weights_only=True", (edit,))
@@ -229,7 +234,9 @@ class LoadWithoutMapLocation(Rule):
     def visit(self, node: ast.Call) -> None:
         if self.ctx.qualname(node.func) != "torch.load" or _has_double_star(node):
             return
-        if _keyword(node, "map_location") is not None or len(node.args) != 1 or _has_star(node):
+        if _keyword(node, "map_location") is not None or _has_star(node):
+            return
+        if len(node.args) > 1 or not _loads_something(node):
             return
         self.report(
             node,
@@ -262,6 +269,17 @@ def _inplace_method(node: ast.Call) -> Optional[str]:
         if attr.endswith("_") and not attr.startswith("_") and attr not in _NOT_DATA_WRITES:
             return attr
     return None
+
+
+def _bound_names(target: ast.AST) -> Iterator[str]:
+    """Names an assignment target binds (``a``, ``a, (b, *c)``)."""
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for elt in target.elts:
+            yield from _bound_names(elt)
+    elif isinstance(target, ast.Starred):
+        yield from _bound_names(target.value)
 
 
 class DetachThenInPlace(Rule):
@@ -334,9 +352,9 @@ class DetachThenInPlace(Rule):
                 detach = self._target(assigned.value)
                 if detach is not None:
                     self._mutated(detach, "item assignment", node)
-            for name in ast.walk(assigned):
-                if isinstance(name, ast.Name):
-                    bound.pop(name.id, None)
+            if bound:
+                for name in _bound_names(assigned):
+                    bound.pop(name, None)
         if (
             len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)

@@ -112,7 +112,7 @@ def test_explain(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--explain", "ST005")
     assert code == 0
     assert out.startswith("ST005 (detach-then-inplace):")
-    assert "st.safe_copy" in out and "Fix: automatic (--fix)" in out
+    assert "st.safe_copy" in out and "Fix (automatic)" in out
 
 
 def test_diff_prints_and_writes_nothing(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:

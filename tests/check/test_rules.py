@@ -220,6 +220,10 @@ def test_rule_table_covers_every_rule() -> None:
         rule = rule_for(code)
         assert (rule.__doc__ or "").startswith(f"{code}: "), code
         assert info.fixable == rule.fixable
+        doc = rule.__doc__ or ""
+        assert "safetorch: " in doc, code
+        if code != "ST000":
+            assert ("Fix (automatic)" if rule.fixable else "Fix (manual)") in doc, code
 
 
 def test_messages_name_the_safetorch_function() -> None:
