@@ -13,7 +13,7 @@ from pathlib import Path
 
 from safetorch._cli import main as safetorch_main
 
-LEGACY = '''\
+LEGACY = """\
 import argparse
 import time
 
@@ -33,7 +33,7 @@ t0 = time.time()
 y = F.upsample_bilinear(net(x), scale_factor=2)
 print("forward took", time.time() - t0)
 torch.save(net.state_dict(), "model.pt")
-'''
+"""
 
 
 def cli(*argv: str) -> int:
