@@ -128,7 +128,8 @@ class cuda_timer(contextlib.ContextDecorator):  # lowercase: used like torch.no_
     As a context manager: ``with st.cuda_timer() as t: ...`` then ``t.ms``. As a decorator:
     ``timer = st.cuda_timer()``, ``@timer`` on a function; every call appends to
     ``timer.times``. On CUDA a pair of ``torch.cuda.Event(enable_timing=True)`` is recorded on
-    the current stream and the end event is synchronized once on exit; on CPU
+    the current stream of the current device and the end event is synchronized once on
+    exit; on CPU
     ``time.perf_counter`` is read. Nesting and use from several threads are safe.
 
     Args:

@@ -180,7 +180,7 @@ class BalancedDataParallel(torch.nn.DataParallel):
         if not self.device_ids:
             return self.module(*inputs, **kwargs)
         batch = _batch_size(inputs, kwargs, self.dim)
-        if batch is None:  # no tensors to split: torch runs the module on device_ids[0]
+        if not batch:  # no tensors, or an empty batch: torch's own path (device_ids[0])
             return super().forward(*inputs, **kwargs)
         for t in chain(self.module.parameters(), self.module.buffers()):
             if t.device != self.src_device_obj:
