@@ -500,7 +500,8 @@ def load_state_dict(
     result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
     # torch is the final word: a load hook may have consumed or rejected keys.
     kept = set(target) - set(target_keys)  # AveragedModel's counter, kept on purpose
-    torch_missing = set(result.missing_keys) - set(report.missing) - kept
+    skipped = {k for k, _, _ in mismatched}
+    torch_missing = set(result.missing_keys) - set(report.missing) - kept - skipped
     if torch_missing:
         report.missing.extend(k for k in result.missing_keys if k in torch_missing)
         report.loaded = [k for k in report.loaded if k not in torch_missing]

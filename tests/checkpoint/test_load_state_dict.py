@@ -152,6 +152,7 @@ def test_shape_mismatch_non_strict_skips_where_torch_raises(zoo):
     old_head = target.head.weight.clone()
     report = st.load_state_dict(target, sd, strict=False)
     assert not report.ok and report.mismatched == [("head.weight", (3, 4), (2, 4))]
+    assert report.missing == [] and report.unexpected == []
     assert "head.weight" not in report.loaded
     assert torch.equal(target.head.weight, old_head)
     assert torch.equal(target.head.bias, sd["head.bias"])
