@@ -4,7 +4,13 @@ What "exactly" covers, and how:
 
 * ``sys.argv`` is ``[SCRIPT, *ARGS]`` (``-m``: the module's file, as ``python -m``);
   ``sys.path[0]`` is the script's real directory (``-m``: the working directory);
-  ``__name__ == "__main__"``, ``__file__`` is absolute (runpy, as CPython >= 3.9).
+  ``__name__ == "__main__"``, ``__file__`` is absolute (as CPython >= 3.9), ``__loader__`` a
+  SourceFileLoader, and the script's module *is* ``sys.modules["__main__"]`` (pickling and
+  multiprocessing find classes defined in it). A script file is compiled and executed the
+  way CPython's ``pymain_run_file`` does it: ``runpy.run_path`` would set ``sys.argv[0]`` to
+  the path it is given, so argv[0] and ``__file__`` could not both match ``python``.
+  Directories and zip files with a ``__main__.py`` go through ``runpy.run_path``, ``-m``
+  through ``runpy.run_module``.
 * Patches go on *before* the program imports anything of its own, so even names it binds
   at import (``from torch.nn.functional import upsample``) are the wrappers.
 * Exit status: ``SystemExit`` propagates untouched; an uncaught exception prints the same
@@ -23,11 +29,13 @@ What "exactly" covers, and how:
 from __future__ import annotations
 
 import atexit
+import builtins
+import importlib.machinery
 import os
 import runpy
 import signal
 import sys
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import wrapt
@@ -105,6 +113,12 @@ class _SpawnBootstrap:
         self._spawn.get_command_line = self._original
 
 
+def _is_zip(path: str) -> bool:
+    import zipfile
+
+    return os.path.isfile(path) and zipfile.is_zipfile(path)
+
+
 def _user_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
     """Drop the leading runner/runpy frames, so the traceback reads as ``python``'s."""
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in (
@@ -113,6 +127,32 @@ def _user_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
     ):
         tb = tb.tb_next
     return tb
+
+
+def _run_file(path: str) -> None:
+    """Execute a script file as ``python path`` does (see the module docstring)."""
+    abspath = os.path.abspath(path)
+    with open(abspath, "rb") as fh:
+        source = fh.read()  # bytes: compile() honours a PEP 263 encoding cookie
+    code = compile(source, abspath, "exec", dont_inherit=True)
+    main = ModuleType("__main__")
+    main.__dict__.update(
+        __file__=abspath,
+        __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", abspath),
+        __spec__=None,
+        __package__=None,
+        __builtins__=builtins,
+    )
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def _excepthook(exc: BaseException) -> None:
+    # The traceback object must be the exception's own: the default hook prints
+    # exc.__traceback__ whatever it is passed.
+    tb = _user_traceback(exc.__traceback__)
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
 def _die_by_sigint() -> None:
@@ -153,15 +193,17 @@ def run(
         with _SpawnBootstrap():
             if module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
+            elif os.path.isdir(target) or not target.endswith((".py", ".pyw")) and _is_zip(target):
+                runpy.run_path(target, run_name="__main__")
             else:
-                runpy.run_path(os.path.abspath(target), run_name="__main__")
+                _run_file(target)
     except SystemExit:
         raise
     except KeyboardInterrupt as exc:
-        sys.excepthook(type(exc), exc, _user_traceback(exc.__traceback__))
+        _excepthook(exc)
         _die_by_sigint()
         return 130  # not reached
     except BaseException as exc:
-        sys.excepthook(type(exc), exc, _user_traceback(exc.__traceback__))
+        _excepthook(exc)
         return 1
     return 0
