@@ -416,27 +416,26 @@ def _sync_class_for(module: nn.Module, policy: str) -> Type[_BatchNorm]:
     return _TorchSyncBatchNorm if _device_type(module) in _torch_syncbn_devices else SyncBatchNorm
 
 
+_templates: Dict[type, nn.Module] = {}
+
+
+def _template(cls: Type[_BatchNorm]) -> nn.Module:
+    """One constructor-made instance per class (meta device, nothing allocated)."""
+    if cls not in _templates:
+        _templates[cls] = cls(1, device="meta")
+    return _templates[cls]
+
+
 def _transplant(
     source: _BatchNorm, target_cls: Type[_BatchNorm], process_group: Any, original: Any
 ) -> _BatchNorm:
     """A ``target_cls`` layer sharing ``source``'s parameters, buffers, mode and hooks."""
     new = target_cls.__new__(target_cls)
-    # Build the module state as the target's constructor would, on the meta device (nothing
-    # allocated), then share the source's tensors: parameters are the same objects, so
-    # optimizers, requires_grad and DDP keep seeing them.
-    if target_cls in _PLAIN_BN or target_cls in _SYNC_CLASSES:
-        # The sync classes' constructors add only ``process_group``, set below.
-        _BatchNorm.__init__(
-            new,
-            source.num_features,
-            source.eps,
-            source.momentum,  # type: ignore[arg-type]
-            source.affine,
-            source.track_running_stats,
-            device="meta",
-        )
-    else:  # an original subclass (revert): its own constructor may take other arguments
-        nn.Module.__init__(new)
+    # No constructor call: it would allocate parameters only to drop them, and an original
+    # subclass's constructor may take other arguments. The state is the source's (parameters
+    # are the same objects, so optimizers, requires_grad and DDP keep seeing them), plus
+    # whatever the target's constructor sets that the source lacks (``process_group``).
+    nn.Module.__init__(new)
     for key, value in source.__dict__.items():
         if key in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
             new.__dict__[key] = value.copy()
@@ -445,6 +444,9 @@ def _transplant(
             # them; user attributes (qconfig, ...) and the training flag carry over.
             new.__dict__[key] = value
     new.__dict__.pop(_ORIGINAL_CLASS_ATTR, None)
+    if target_cls in _PLAIN_BN or target_cls in _SYNC_CLASSES:
+        for key, value in _template(target_cls).__dict__.items():
+            new.__dict__.setdefault(key, value)
     if target_cls in _SYNC_CLASSES:
         new.process_group = process_group
         new.__dict__[_ORIGINAL_CLASS_ATTR] = original
