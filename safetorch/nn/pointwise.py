@@ -35,9 +35,10 @@ _MEMO_MAX = 64  # per-instance memo entries (variable-length inputs must not gro
 # per call on CPU; one run of each then decides).
 _BUDGET_MS = 200.0
 _ROUNDS = 6
-# Below this many multiply-adds both kernels take microseconds and the cache lookup itself
-# would cost more than the choice gains: use conv (one kernel, no transposes) directly.
-_TINY_MACS = 1 << 20
+# Below this many multiply-adds (~8M: tens of microseconds on a GPU, where the call is
+# launch-bound) the signature lookup costs about as much as the choice can gain: use conv
+# (one kernel, no transposes) directly.
+_TINY_MACS = 1 << 23
 
 
 def _bucket(n: int) -> int:
@@ -121,7 +122,7 @@ class PointwiseConv1d(torch.nn.Conv1d):
     ``F.conv1d`` against ``F.linear`` on the transposed view once per (device, dtype,
     channels, power-of-two bucket of batch and length, contiguity, grad mode), caches the
     winner process-wide (thread-safe) and uses it from then on; CPU and CUDA are measured,
-    other devices, and inputs under about a million multiply-adds, use conv. The linear path returns a transposed view (the strides of a
+    other devices, and inputs under about 8 million multiply-adds, use conv. The linear path returns a transposed view (the strides of a
     ``(B, L, C_out)`` tensor): call ``.contiguous()`` before ``.view()`` on its output, and
     chain pointwise layers freely (the next one reads it without a copy).
 
