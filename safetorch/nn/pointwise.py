@@ -122,9 +122,10 @@ class PointwiseConv1d(torch.nn.Conv1d):
     ``F.conv1d`` against ``F.linear`` on the transposed view once per (device, dtype,
     channels, power-of-two bucket of batch and length, contiguity, grad mode), caches the
     winner process-wide (thread-safe) and uses it from then on; CPU and CUDA are measured,
-    other devices, and inputs under about 8 million multiply-adds, use conv. The linear path returns a transposed view (the strides of a
-    ``(B, L, C_out)`` tensor): call ``.contiguous()`` before ``.view()`` on its output, and
-    chain pointwise layers freely (the next one reads it without a copy).
+    other devices, and inputs under about 8 million multiply-adds, use conv. The linear path
+    returns a transposed view (the strides of a ``(B, L, C_out)`` tensor): call
+    ``.contiguous()`` before ``.view()`` on its output, and chain pointwise layers freely (the
+    next one reads it without a copy).
 
     Args:
         in_channels: Input channels ``C_in``.
