@@ -1,0 +1,78 @@
+"""safetorch.nn on CUDA: upsample identity, SyncBN class choice, the sync kernel's numerics."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import safetorch as st
+
+syncbn = importlib.import_module("safetorch.nn.syncbn")
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_upsample_bit_identical_on_cuda(mode):
+    x = torch.randn(2, 3, 9, 7, device="cuda", requires_grad=True)
+    y = x.detach().clone().requires_grad_(True)
+    ours = st.upsample(x, scale_factor=2.5, mode=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = F.upsample(y, scale_factor=2.5, mode=mode)
+    assert torch.equal(ours, theirs)
+    g = torch.randn_like(ours)
+    ours.backward(g)
+    theirs.backward(g)
+    # CUDA upsample backward uses atomics: deterministic only up to summation order
+    torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_auto_policy_picks_torch_syncbn_for_cuda_layers():
+    cuda_bn, cpu_bn = nn.BatchNorm2d(3).cuda(), nn.BatchNorm2d(3)
+    assert syncbn._sync_class_for(cuda_bn, "auto") is nn.SyncBatchNorm
+    assert syncbn._sync_class_for(cpu_bn, "auto") is st.SyncBatchNorm
+    model = st.convert_sync_batchnorm(nn.Sequential(cuda_bn), policy="torch")
+    assert type(model[0]) is nn.SyncBatchNorm and model[0].weight is cuda_bn.weight
+    assert st.lint_model(model) == []
+
+
+@pytest.fixture
+def one_rank_nccl(tmp_path):
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_sync_function_on_cuda_matches_batch_norm(one_rank_nccl, dtype):
+    """The all_reduce path (forced with one rank) equals F.batch_norm in training on CUDA."""
+    x = (torch.randn(6, 4, 5, 5, device="cuda") * 2 + 3).to(dtype)
+    weight = torch.rand(4, device="cuda", requires_grad=True)
+    bias = torch.rand(4, device="cuda", requires_grad=True)
+    rm, rv = torch.zeros(4, device="cuda"), torch.ones(4, device="cuda")
+    rm2, rv2 = rm.clone(), rv.clone()
+    a = x.clone().requires_grad_(True)
+    b = x.clone().requires_grad_(True)
+    ours = syncbn._SyncBatchNormFunction.apply(a, weight, bias, rm, rv, 1e-5, 0.1, one_rank_nccl)
+    w2, b2 = (
+        weight.detach().clone().requires_grad_(True),
+        bias.detach().clone().requires_grad_(True),
+    )
+    theirs = F.batch_norm(b, rm2, rv2, w2, b2, True, 0.1, 1e-5)
+    tol = {torch.float16: 2e-3, torch.bfloat16: 2e-2}.get(dtype, 1e-5)
+    torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol)
+    g = torch.randn_like(ours)
+    ours.backward(g)
+    theirs.backward(g)
+    torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(weight.grad, w2.grad, rtol=tol * 10, atol=tol * 10)
+    torch.testing.assert_close(bias.grad, b2.grad, rtol=tol * 10, atol=tol * 10)
+    torch.testing.assert_close(rm, rm2, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rv, rv2, rtol=1e-4, atol=1e-4)
