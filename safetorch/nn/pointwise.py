@@ -1,4 +1,4 @@
-"""``PointwiseConv1d``: ``nn.Conv1d(kernel_size=1)`` that runs as conv or linear, whichever is faster.
+"""``PointwiseConv1d``: ``nn.Conv1d(kernel_size=1)`` run as conv or linear, whichever is faster.
 
 A 1x1 convolution over ``(B, C_in, L)`` is a matrix product: ``F.linear`` on the transposed
 view ``(B, L, C_in)`` computes the same numbers. Which is faster depends on the device, dtype
@@ -208,7 +208,8 @@ class PointwiseConv1d(torch.nn.Conv1d):
         return impl
 
     def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}, impl={self._impl!r}"
+        bias = self.bias is not None
+        return f"{self.in_channels}, {self.out_channels}, bias={bias}, impl={self._impl!r}"
 
     @staticmethod
     def autotune_cache() -> Dict[Hashable, str]:

@@ -1,4 +1,4 @@
-"""CUDA-only checks of the data area: real pinning, PinnedBatch.to, BalancedDataParallel, PointwiseConv1d."""
+"""CUDA-only checks: real pinning, PinnedBatch.to, BalancedDataParallel, PointwiseConv1d."""
 
 from __future__ import annotations
 
