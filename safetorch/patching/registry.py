@@ -173,7 +173,7 @@ def _apply_target(name: str, t: Target) -> None:
         return  # already ours (e.g. a second registry after a reload): never wrap twice
     own = attr in vars(parent)
     wrapper = wrapt.FunctionWrapper(original, t.wrapper)
-    wrapper._self_safetorch = name  # _self_ attributes stay on the proxy, not the original
+    wrapper._self_safetorch = name  # type: ignore[attr-defined]  # stays on the proxy
     setattr(parent, attr, wrapper)
     _applied[key] = _Applied(parent, attr, original, own, wrapper)
 
@@ -421,8 +421,8 @@ class reentry:
 
 def nested(name: str) -> bool:
     """Whether the current thread is inside a safetorch-routed call of patch ``name``."""
-    busy = _local.__dict__.get("busy")
-    return bool(busy) and name in busy
+    busy: Optional[Set[str]] = _local.__dict__.get("busy")
+    return busy is not None and name in busy
 
 
 # --- torch.compile -------------------------------------------------------------------------
