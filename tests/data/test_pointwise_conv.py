@@ -210,12 +210,12 @@ def test_measurement_stops_at_the_budget(monkeypatch: pytest.MonkeyPatch) -> Non
 
     def slow(impl: str, *a: Any) -> float:
         calls.append(impl)
-        return 150.0 if impl == "conv" else 120.0  # over the 200 ms budget after one round
+        return 550.0 if impl == "conv" else 520.0  # over the 1 s budget after one round
 
     monkeypatch.setattr(pointwise, "_time_ms", slow)
     assert pointwise._measure(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), None) == {
-        "conv": 150.0,
-        "linear": 120.0,
+        "conv": 550.0,
+        "linear": 520.0,
     }
     assert calls == ["conv", "linear"]
 
