@@ -294,6 +294,22 @@ def _bound_names(target: ast.AST) -> Iterator[str]:
         yield from _bound_names(target.value)
 
 
+# In-place ops whose point is to write *into* the destination: ``p.detach().copy_(new)`` is the
+# documented way to overwrite a parameter outside autograd, so a clone would break it.
+_WRITE_THROUGH = frozenset({"copy_", "set_"})
+
+
+class _Detached:
+    """A ``name = <expr>.detach()`` binding and what happens to the name afterwards."""
+
+    __slots__ = ("call", "ops", "read_after_write")
+
+    def __init__(self, call: ast.Call) -> None:
+        self.call = call
+        self.ops: List[Tuple[str, int]] = []  # (operation, line)
+        self.read_after_write = False
+
+
 class DetachThenInPlace(Rule):
     """ST005: the result of ``.detach()`` is modified in place.
 
@@ -302,7 +318,11 @@ class DetachThenInPlace(Rule):
     and autograd then fails with "one of the variables needed for gradient computation has
     been modified by an inplace operation" -- or, worse, silently computes wrong gradients.
 
-    Fix (automatic): ``.detach().clone()``, an independent copy.
+    Fix (automatic): ``.detach().clone()``, an independent copy -- offered only where the
+    modified value is used afterwards and the op is not a write-through idiom. A statement
+    whose only effect is the write into ``x`` (``x.detach().zero_()`` on its own line,
+    ``y = x.detach(); y.copy_(src)``) would become dead code with a clone, so it is reported
+    without a fix: write it as ``with torch.no_grad(): x.zero_()`` if the write is intended.
 
     safetorch: ``st.safe_copy``.
     """
@@ -313,66 +333,89 @@ class DetachThenInPlace(Rule):
     safetorch = "st.safe_copy"
     torch_symbols = ("torch.Tensor.detach",)
     fixable = True
-    node_types = (ast.Assign, ast.AugAssign, ast.Call)
+    node_types = (ast.Assign, ast.AugAssign, ast.Call, ast.Expr, ast.Name)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        # scope -> {name: the detach() call bound to it}
-        self._bound: Dict[int, Dict[str, ast.Call]] = {}
-        self._reported: Set[int] = set()
+        self._bound: Dict[int, Dict[str, _Detached]] = {}  # scope -> name -> binding
+        self._mutated: List[_Detached] = []
+        self._direct: List[Tuple[ast.Call, str, int, bool]] = []  # detach, op, line, fixable
+        self._not_reads: Set[int] = set()  # Name nodes that are the target of a mutation
+        self._discarded: Set[int] = set()  # calls whose value is thrown away
 
-    def _mutated(self, detach: ast.Call, what: str, where: ast.AST) -> None:
-        if id(detach) in self._reported:
-            return
-        self._reported.add(id(detach))
-        line = where.lineno  # type: ignore[attr-defined]
-        fix = Fix("add .clone()", (self.ctx.insert_after(detach, ".clone()"),))
-        self.report(
-            detach,
-            f"{self.ctx.segment(detach)} shares memory with its source and is modified in "
-            f"place ({what}, line {line}): use .detach().clone() or st.safe_copy",
-            fix,
-        )
-
-    def _target(self, node: ast.AST) -> Optional[ast.Call]:
-        """The detach() call that ``node`` (a name or the call itself) stands for."""
-        if _is_detach_call(node):
-            return node  # type: ignore[return-value]
+    def _binding(self, node: ast.AST) -> Optional[_Detached]:
         if isinstance(node, ast.Name):
             return self._bound.get(id(self.ctx.scope), {}).get(node.id)
         return None
 
+    def _mutation(self, target: ast.AST, op: str, line: int, value_used: bool) -> None:
+        """Record ``op`` applied in place to ``target`` (a name or an ``x.detach()`` call)."""
+        if _is_detach_call(target):
+            fixable = value_used and op.strip(".()") not in _WRITE_THROUGH
+            self._direct.append((target, op, line, fixable))  # type: ignore[arg-type]
+            return
+        binding = self._binding(target)
+        if binding is not None:
+            if not binding.ops:
+                self._mutated.append(binding)
+            binding.ops.append((op, line))
+            self._not_reads.add(id(target))
+
     def visit(self, node: ast.AST) -> None:
-        if isinstance(node, ast.Call):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load) and id(node) not in self._not_reads:
+                binding = self._binding(node)
+                if binding is not None and binding.ops:
+                    binding.read_after_write = True
+        elif isinstance(node, ast.Expr):
+            self._discarded.add(id(node.value))
+        elif isinstance(node, ast.Call):
             method = _inplace_method(node)
             if method is not None:
-                detach = self._target(node.func.value)  # type: ignore[attr-defined]
-                if detach is not None:
-                    self._mutated(detach, f".{method}()", node)
-            return
-        if isinstance(node, ast.AugAssign):
+                used = id(node) not in self._discarded
+                self._mutation(node.func.value, f".{method}()", node.lineno, used)  # type: ignore[attr-defined]
+        elif isinstance(node, ast.AugAssign):
             target = node.target
-            base: ast.expr = target.value if isinstance(target, ast.Subscript) else target
-            detach = self._target(base)
-            if detach is not None:
-                self._mutated(detach, "augmented assignment", node)
-            return
-        assert isinstance(node, ast.Assign)
-        bound = self._bound.setdefault(id(self.ctx.scope), {})
-        for assigned in node.targets:
-            if isinstance(assigned, ast.Subscript):
-                detach = self._target(assigned.value)
-                if detach is not None:
-                    self._mutated(detach, "item assignment", node)
-            if bound:
-                for name in _bound_names(assigned):
-                    bound.pop(name, None)
-        if (
-            len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and _is_detach_call(node.value)
-        ):
-            bound[node.targets[0].id] = node.value  # type: ignore[assignment]
+            base = target.value if isinstance(target, ast.Subscript) else target
+            self._mutation(base, "augmented assignment", node.lineno, False)
+        else:
+            assert isinstance(node, ast.Assign)
+            bound = self._bound.setdefault(id(self.ctx.scope), {})
+            for assigned in node.targets:
+                if isinstance(assigned, ast.Subscript):
+                    self._mutation(assigned.value, "item assignment", node.lineno, False)
+                if bound:
+                    for name in _bound_names(assigned):
+                        bound.pop(name, None)
+            target = node.targets[0]
+            if len(node.targets) == 1 and isinstance(target, ast.Name):
+                if _is_detach_call(node.value):
+                    bound[target.id] = _Detached(node.value)  # type: ignore[arg-type]
+
+    def _report(self, detach: ast.Call, op: str, line: int, fixable: bool) -> None:
+        source = detach.func.value  # type: ignore[attr-defined]
+        x = self.ctx.segment(source)
+        head = f"{self.ctx.segment(detach)} shares memory with {x} and is modified in place "
+        head += f"({op}, line {line}), which changes {x} too"
+        if fixable:
+            fix = Fix("add .clone()", (self.ctx.insert_after(detach, ".clone()"),))
+            self.report(detach, head + ": use .detach().clone() or st.safe_copy", fix)
+        else:
+            self.report(
+                detach,
+                head + f": if writing into {x} is intended, write it under torch.no_grad() "
+                "without detach(); otherwise use .detach().clone() or st.safe_copy",
+            )
+
+    def finish(self) -> None:
+        for detach, op, line, fixable in self._direct:
+            self._report(detach, op, line, fixable)
+        for binding in self._mutated:
+            op, line = binding.ops[0]
+            fixable = binding.read_after_write and not any(
+                o.strip(".()") in _WRITE_THROUGH for o, _ in binding.ops
+            )
+            self._report(binding.call, op, line, fixable)
 
 
 # ---------------------------------------------------------------------------------------------

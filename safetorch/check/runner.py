@@ -172,10 +172,7 @@ def _read(path: str) -> Tuple[str, str]:
     with open(path, "rb") as handle:
         data = handle.read()
     encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    text = data.decode(encoding)
-    if encoding == "utf-8-sig":
-        text = text.lstrip("\ufeff")
-    return text, encoding
+    return data.decode(encoding), encoding  # utf-8-sig strips the BOM (and writes it back)
 
 
 @dataclass
@@ -220,9 +217,9 @@ def check_file(
 
     >>> import pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp(), "m.py")
-    >>> _ = p.write_text("x.detach().zero_()\\n")
+    >>> _ = p.write_text("y = x.detach().add_(1)\\n")
     >>> r = check_file(str(p), fix=True, write=True); (r.fixed, p.read_text())
-    (1, 'x.detach().clone().zero_()\\n')
+    (1, 'y = x.detach().clone().add_(1)\\n')
     """
     rules, syntax = _select(select, ignore)
     try:
@@ -234,7 +231,7 @@ def check_file(
         return FileResult(path, analyze(source, path, rules, keep_syntax_errors=syntax))
     fixed, remaining, count = _fix(source, path, rules, syntax)
     if write and fixed != source:
-        write_atomic(path, fixed, encoding="utf-8" if encoding == "utf-8-sig" else encoding)
+        write_atomic(path, fixed, encoding=encoding)
     return FileResult(path, remaining, count, source, fixed)
 
 

@@ -153,6 +153,24 @@ def test_fix_writes_and_is_idempotent(capsys: pytest.CaptureFixture[str], legacy
     assert run(capsys, "--fix", "--ignore", "ST004", str(legacy))[0] == 0
 
 
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        "# é\ny = x.detach().add_(1)\n".encode("utf-8-sig"),
+        "# -*- coding: latin-1 -*-\n# é\ny = x.detach().add_(1)\n".encode("latin-1"),
+        b"# crlf\r\ny = x.detach().add_(1)\r\n",
+    ],
+    ids=["bom", "latin-1", "crlf"],
+)
+def test_fix_keeps_encoding_and_newlines(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, encoded: bytes
+) -> None:
+    path = tmp_path / "m.py"
+    path.write_bytes(encoded)
+    assert run(capsys, "--fix", str(path))[0] == 0
+    assert path.read_bytes() == encoded.replace(b"detach()", b"detach().clone()")
+
+
 def test_failed_write_leaves_original(
     capsys: pytest.CaptureFixture[str], legacy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

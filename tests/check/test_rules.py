@@ -115,8 +115,8 @@ def test_fix_keeps_crlf_line_endings() -> None:
 
 def test_form_feed_does_not_shift_lines() -> None:
     # str.splitlines() would split at \x0c; the tokenizer does not.
-    src = "import torch\n# page\x0cbreak\nx.detach().zero_()\n"
-    assert fix_source(src) == "import torch\n# page\x0cbreak\nx.detach().clone().zero_()\n"
+    src = "import torch\n# page\x0cbreak\ny = x.detach().zero_()\n"
+    assert fix_source(src) == "import torch\n# page\x0cbreak\ny = x.detach().clone().zero_()\n"
 
 
 def test_text_format_is_flake8_style() -> None:
@@ -309,3 +309,23 @@ def test_checker_never_imports_torch() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    "body, fixable",
+    [
+        ("y = x.detach()\ny.add_(1)\nuse(y)", True),
+        ("y = x.detach().mul_(2)", True),
+        ("x.detach().zero_()", False),  # the write into x is the statement's only effect
+        ("p.detach().copy_(new)", False),  # write-through idiom
+        ("y = x.detach()\ny.copy_(src)\nuse(y)", False),
+        ("y = x.detach()\ny.fill_(0)", False),  # y never read after the write
+        ("y = x.detach()\ny[0] = 1\nuse(y)", True),
+    ],
+)
+def test_detach_fix_only_where_a_clone_keeps_the_code_alive(body: str, fixable: bool) -> None:
+    (d,) = check_source(body + "\n")
+    assert d.code == "ST005"
+    assert (d.fix is not None) is fixable
+    if not fixable:
+        assert "torch.no_grad()" in d.message
