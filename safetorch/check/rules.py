@@ -387,10 +387,10 @@ class DetachThenInPlace(Rule):
                 if bound:
                     for name in _bound_names(assigned):
                         bound.pop(name, None)
-            target = node.targets[0]
-            if len(node.targets) == 1 and isinstance(target, ast.Name):
+            first = node.targets[0]
+            if len(node.targets) == 1 and isinstance(first, ast.Name):
                 if _is_detach_call(node.value):
-                    bound[target.id] = _Detached(node.value)  # type: ignore[arg-type]
+                    bound[first.id] = _Detached(node.value)  # type: ignore[arg-type]
 
     def _report(self, detach: ast.Call, op: str, line: int, fixable: bool) -> None:
         source = detach.func.value  # type: ignore[attr-defined]
