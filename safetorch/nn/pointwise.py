@@ -34,7 +34,7 @@ _MEMO_MAX = 64  # per-instance memo entries (variable-length inputs must not gro
 # Stop measuring once this much time is spent (the seed's 128x4096x256 -> 512 takes seconds
 # per call on CPU; one run of each then decides).
 _BUDGET_MS = 1000.0
-_ROUNDS = 6
+_ROUNDS = 7  # one warmup round + up to six timed rounds
 # Below this many multiply-adds (~8M: tens of microseconds on a GPU, where the call is
 # launch-bound) the signature lookup costs about as much as the choice can gain: use conv
 # (one kernel, no transposes) directly.
@@ -82,17 +82,19 @@ def _time_ms(impl: str, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tens
 def _measure(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> Dict[str, float]:
     """Best time of each candidate over interleaved rounds (robust to load drift).
 
-    The first round also warms caches and allocators; taking the minimum discounts it.
-    Rounds stop once the budget is spent, so a multi-second shape is timed once each.
+    Round 0 warms caches, allocators and backend primitives and is discarded (a first call
+    can be several times slower, and not equally for both). Timed rounds stop once the budget
+    is spent, so a multi-second shape is timed once each after its warmup.
     """
     best = {"conv": math.inf, "linear": math.inf}
     spent = 0.0
-    for _ in range(_ROUNDS):
+    for round_ in range(_ROUNDS):
         for impl in best:
             ms = _time_ms(impl, x, w, b)
-            best[impl] = min(best[impl], ms)
             spent += ms
-        if spent > _BUDGET_MS:
+            if round_ > 0:
+                best[impl] = min(best[impl], ms)
+        if round_ > 0 and spent > _BUDGET_MS:
             break
     return best
 

@@ -210,14 +210,23 @@ def test_measurement_stops_at_the_budget(monkeypatch: pytest.MonkeyPatch) -> Non
 
     def slow(impl: str, *a: Any) -> float:
         calls.append(impl)
-        return 550.0 if impl == "conv" else 520.0  # over the 1 s budget after one round
+        return 550.0 if impl == "conv" else 520.0  # over the 1 s budget every round
 
     monkeypatch.setattr(pointwise, "_time_ms", slow)
     assert pointwise._measure(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), None) == {
         "conv": 550.0,
         "linear": 520.0,
     }
-    assert calls == ["conv", "linear"]
+    assert calls == ["conv", "linear"] * 2  # the warmup round, then one timed round
+
+
+def test_warmup_round_is_discarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    times = iter([900.0, 1.0] + [5.0, 6.0] * 10)  # conv's first call is slow (warmup)
+    monkeypatch.setattr(pointwise, "_time_ms", lambda impl, *a: next(times))
+    assert pointwise._measure(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), None) == {
+        "conv": 5.0,
+        "linear": 6.0,
+    }
 
 
 def test_tiny_inputs_skip_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
