@@ -436,14 +436,40 @@ _NOT_WORK = frozenset(
 )
 
 
+def _is_cuda_marker(node: ast.AST) -> bool:
+    """``x.cuda()``, ``torch.cuda.*``, ``"cuda"`` / ``"cuda:0"``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "cuda"
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value.startswith("cuda"))
+    )
+
+
+def _root_name(node: ast.AST) -> Optional[str]:
+    """``model`` for ``model``, ``model.encoder``, ``self.model`` -> ``self.model``."""
+    attr = _self_attr(node)
+    if attr is not None:
+        return "self." + attr
+    while isinstance(node, ast.Attribute):
+        if _self_attr(node) is not None:
+            return "self." + node.attr  # type: ignore[attr-defined]
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
 class UnsyncedCudaTiming(Rule):
     """ST006: wall-clock timing of CUDA code without ``torch.cuda.synchronize()``.
 
     CUDA kernels run asynchronously: ``time.time()`` / ``time.perf_counter()`` /
     ``time.monotonic()`` read after launching GPU work measure the launch, not the work.
-    The rule fires on the second of two readings in one function when the file uses CUDA,
-    code runs between the readings, and nothing between them waits for the GPU
-    (``torch.cuda.synchronize()``, ``.synchronize()``, or a host copy such as ``.item()``).
+    The rule fires on the second of two readings in one function when code runs between the
+    readings, nothing between them waits for the GPU (``torch.cuda.synchronize()``,
+    ``.synchronize()``, or a host copy such as ``.item()``), and that code uses CUDA: the
+    function mentions CUDA (``.cuda()``, ``torch.cuda``, ``"cuda:0"``), or a call between the
+    readings uses a name the file assigns from such an expression
+    (``model = Net().cuda()`` ... ``model(x)``).
 
     Fix (manual): call ``torch.cuda.synchronize()`` before the second reading, or time with
     CUDA events.
@@ -460,24 +486,21 @@ class UnsyncedCudaTiming(Rule):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._uses_cuda = False
+        self._cuda_scopes: Set[int] = set()
+        self._any_timer = False
         # scope -> [(kind, node)], kind in "timer", "sync", "work", in source order
-        self._events: Dict[int, List[Tuple[str, ast.AST]]] = {}
+        self._events: Dict[int, List[Tuple[str, ast.Call]]] = {}
 
     def visit(self, node: ast.AST) -> None:
-        if isinstance(node, ast.Constant):
-            if isinstance(node.value, str) and node.value.startswith("cuda"):
-                self._uses_cuda = True
+        if not isinstance(node, ast.Call):
+            if _is_cuda_marker(node):
+                self._cuda_scopes.add(id(self.ctx.scope))
             return
-        if isinstance(node, ast.Attribute):
-            if node.attr == "cuda":  # torch.cuda..., x.cuda()
-                self._uses_cuda = True
-            return
-        assert isinstance(node, ast.Call)
         func = node.func
         qual = self.ctx.qualname(func)
         if qual in _TIMERS:
             kind = "timer"
+            self._any_timer = True
         elif qual in _SYNC_FUNCS or (
             isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS
         ):
@@ -488,28 +511,56 @@ class UnsyncedCudaTiming(Rule):
             kind = "work"
         self._events.setdefault(id(self.ctx.scope), []).append((kind, node))
 
+    def _cuda_names(self) -> Set[str]:
+        """Names (and ``self.x``) the file assigns from an expression that mentions CUDA."""
+        names = self.ctx.cache.get("cuda_names")
+        if names is None:
+            names = set()
+            for node in ast.walk(self.ctx.tree):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                    if any(_is_cuda_marker(n) for n in ast.walk(node.value)):
+                        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                        names.update(filter(None, (_root_name(t) for t in targets)))
+            self.ctx.cache["cuda_names"] = names
+        return names  # type: ignore[no-any-return]
+
+    def _uses_cuda_name(self, calls: List[ast.Call]) -> bool:
+        names = self._cuda_names()
+        if not names:
+            return False
+        for call in calls:
+            for part in (call.func, *call.args, *(k.value for k in call.keywords)):
+                if _root_name(part) in names:
+                    return True
+        return False
+
     def finish(self) -> None:
-        if not self._uses_cuda:
+        if not self._any_timer:
             return
-        for events in self._events.values():
-            previous: Optional[ast.AST] = None
-            work = synced = False
+        for scope, events in self._events.items():
+            previous: Optional[ast.Call] = None
+            work: List[ast.Call] = []
+            synced = False
             for kind, node in events:
                 if kind == "timer":
-                    if previous is not None and work and not synced:
-                        qual = self.ctx.qualname(node.func)  # type: ignore[attr-defined]
+                    if (
+                        previous is not None
+                        and work
+                        and not synced
+                        and (scope in self._cuda_scopes or self._uses_cuda_name(work))
+                    ):
                         self.report(
                             node,
-                            f"{qual}() reads the clock after CUDA work with no "
-                            "torch.cuda.synchronize() since the reading at line "
-                            f"{previous.lineno}: it times the kernel launch, not the "  # type: ignore[attr-defined]
-                            "kernels; synchronize first or use st.cuda_timer",
+                            f"{self.ctx.qualname(node.func)}() reads the clock after CUDA work "
+                            "with no torch.cuda.synchronize() since the reading at line "
+                            f"{previous.lineno}: it times the kernel launch, not the kernels; "
+                            "synchronize first or use st.cuda_timer",
                         )
-                    previous, work, synced = node, False, False
+                    previous, work, synced = node, [], False
                 elif kind == "sync":
                     synced = True
                 else:
-                    work = True
+                    work.append(node)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -329,3 +329,24 @@ def test_detach_fix_only_where_a_clone_keeps_the_code_alive(body: str, fixable: 
     assert (d.fix is not None) is fixable
     if not fixable:
         assert "torch.no_grad()" in d.message
+
+
+def test_timing_of_non_cuda_work_in_a_cuda_file_is_not_flagged() -> None:
+    src = """
+    import time
+    import torch
+
+    model = torch.nn.Linear(2, 2).cuda()
+
+    def wait_for(store, key, timeout):
+        start = time.time()
+        store.wait([key])
+        if time.time() - start > timeout:
+            raise TimeoutError(key)
+
+    def bench(x):
+        t0 = time.time()
+        model(x)
+        return time.time() - t0
+    """
+    assert [(d.code, d.line) for d in check_source(textwrap.dedent(src))] == [("ST006", 16)]
