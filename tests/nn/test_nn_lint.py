@@ -179,7 +179,7 @@ def conv_bn_model(seed, conv_kind, bn_momentum, affine):
     return model, shape
 
 
-@settings(max_examples=25)
+@settings(max_examples=15)
 @given(
     st_.integers(0, 10_000),
     st_.sampled_from(["linear", "conv1d", "convtranspose2d"]),
