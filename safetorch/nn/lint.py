@@ -81,6 +81,7 @@ _PASS_THROUGH_FUNCTIONS = frozenset(
     "linear conv1d conv2d conv3d".split()
 )
 _MAX_HOPS = 8
+_LEAF_TYPES: Tuple[type, ...] = (_BatchNorm, _ConvNd, nn.Linear, _DropoutNd, nn.Upsample)
 
 
 class _Node:
@@ -105,11 +106,17 @@ class _Node:
 def _graph_from_fx(model: nn.Module) -> List[_Node]:
     import torch.fx
 
+    class Tracer(torch.fx.Tracer):
+        # Layers the rules look at stay single nodes even when defined outside torch.nn
+        # (st.SyncBatchNorm, BN subclasses, custom convs): fx would trace into them.
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return isinstance(m, _LEAF_TYPES) or super().is_leaf_module(m, qualname)
+
     with warnings.catch_warnings():  # tracing warnings are not the user's concern here
         warnings.simplefilter("ignore")
-        traced = torch.fx.symbolic_trace(model)
+        graph = Tracer().trace(model)
     nodes: Dict[Any, _Node] = {}
-    for fx_node in traced.graph.nodes:
+    for fx_node in graph.nodes:
         if fx_node.op == "call_module":
             node = _Node(fx_node.target, model.get_submodule(fx_node.target), "call_module")
         else:

@@ -219,3 +219,18 @@ def test_fix_with_example_input_and_no_running_stats():
     assert [f.rule for f in found] == ["bias-before-bn", "bn-no-running-stats"]
     assert model[0].bias is None
     torch.testing.assert_close(model(x), expected)
+
+
+def test_portable_syncbn_and_bn_subclasses_stay_single_fx_nodes(caplog):
+    class BNReLU(nn.BatchNorm2d):
+        def forward(self, x):
+            return super().forward(x).relu()
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1), BNReLU(4))
+    with pytest.warns(st.SafetorchWarning, match="BNReLU"):
+        st.convert_sync_batchnorm(model, policy="portable")
+    assert type(model[1]) is st.SyncBatchNorm
+    with caplog.at_level(logging.DEBUG, logger="safetorch"):
+        found = st.lint_model(model)
+    assert "data flow from torch.fx" in caplog.text
+    assert rules(found) == [("bias-before-bn", "0"), ("bias-before-bn", "2")]
