@@ -6,16 +6,13 @@ Silent (no deprecation warning) and bit-identical: the st functions are torch's 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Dict, Tuple
 
 from safetorch.patching import registry
 
 __all__: list = []
 
-# safetorch.nn star-imports its submodules, so the attribute safetorch.nn.upsample is the
-# *function*; the module is reached through importlib.
-_impl = importlib.import_module("safetorch.nn.upsample")
+from safetorch.nn import upsampling as _impl  # noqa: E402
 
 
 def _route(name: str) -> Callable[..., Any]:
@@ -36,6 +33,6 @@ PATCH = registry.declare(
             registry.Target("torch.nn.functional", n, _route(n))
             for n in ("upsample", "upsample_nearest", "upsample_bilinear")
         ),
-        implementation=("safetorch.nn.upsample", "upsample"),
+        implementation=("safetorch.nn.upsampling", "upsample"),
     )
 )

@@ -16,8 +16,7 @@ from hypothesis import strategies as st_
 
 import safetorch as st
 
-# `safetorch.nn.upsample` as an attribute is the function (star import); get the module itself.
-upsample_module = importlib.import_module("safetorch.nn.upsample")
+upsample_module = importlib.import_module("safetorch.nn.upsampling")
 
 MODES_BY_DIM = {
     3: ["nearest", "linear", "area", "nearest-exact"],

@@ -210,9 +210,3 @@ class UpsamplingBilinear2d(Upsample, nn.UpsamplingBilinear2d):
             mode="bilinear",
             align_corners=True,
         )
-
-
-# safetorch/nn/__init__.py reads ``upsample.__all__`` *after* ``from .upsample import *`` has
-# rebound the name ``upsample`` to the function above. Until that file builds its ``__all__``
-# from the submodules before the star imports, the function carries the module's list.
-upsample.__all__ = __all__  # type: ignore[attr-defined]
