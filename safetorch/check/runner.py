@@ -7,6 +7,7 @@ import io
 import os
 import sys
 import tokenize
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
@@ -281,5 +282,10 @@ def check_paths(
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     # Chunks amortise the pickling; several per worker keep the load balanced.
     chunksize = max(1, len(files) // (jobs * 4))
-    with multiprocessing.get_context(method).Pool(min(jobs, len(files))) as pool:
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about fork() in a process with threads (torch may have some);
+        # the workers only parse and walk syntax trees and never touch those threads' state.
+        warnings.filterwarnings("ignore", message=r".*fork\(\)", category=DeprecationWarning)
+        pool = multiprocessing.get_context(method).Pool(min(jobs, len(files)))
+    with pool:
         return list(pool.imap(_check_file_job, job_args, chunksize=chunksize))
