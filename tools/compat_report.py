@@ -39,7 +39,7 @@ def _commit() -> str:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "safetorch", "tests"],
+            ["git", "status", "--porcelain", "--", "safetorch", "tests"],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -243,10 +243,21 @@ def render(args: argparse.Namespace) -> int:
         out += ["", "## Failures", ""]
         for r in failing:
             out += [f"### torch {r['version']} ({len(r['failures'])})", ""]
+            # one bullet per (test function, location, message); parametrizations grouped
+            groups: Dict[tuple, List[str]] = {}
             for f in r["failures"]:
-                where = f" at `{f['where']}`" if f.get("where") else ""
-                msg = f["message"].replace("|", "\\|").replace("`", "'")
-                out.append(f"- `{f['test']}` ({f['kind']}){where}: {msg}")
+                base, _, param = f["test"].partition("[")
+                key = (base, f["kind"], f.get("where", ""), f["message"])
+                groups.setdefault(key, []).append(param.rstrip("]"))
+            for (base, kind, where_, message), params in groups.items():
+                where = f" at `{where_}`" if where_ else ""
+                msg = message.replace("|", "\\|").replace("`", "'")
+                ids = [p for p in params if p]
+                shown = ""
+                if ids:
+                    more = f", +{len(ids) - 4} more" if len(ids) > 4 else ""
+                    shown = f" [{len(ids)}: {', '.join(ids[:4])}{more}]"
+                out.append(f"- `{base}`{shown} ({kind}){where}: {msg}")
             out.append("")
     skipping = [r for r in rows if r.get("skips")]
     if skipping:
