@@ -1164,8 +1164,18 @@ RULES: Tuple[Type[Rule], ...] = (
 class RuleInfo:
     """One row of ``RULE_TABLE``: a rule code, its pitfall and the safetorch function for it.
 
+    Attributes:
+        code: The rule code (``"ST003"``).
+        name: The rule's name (``"load-without-weights-only"``).
+        pitfall: One line: what goes wrong.
+        safetorch: The public safetorch function for the pitfall, or None.
+        torch_symbols: The torch entry points the pitfall lives in.
+        fixable: Whether ``--fix`` can rewrite (some of) its findings.
+
     >>> RULE_TABLE["ST003"].safetorch
     'st.load'
+    >>> RULE_TABLE["ST001"].safetorch_for("torch.nn.functional.upsample_bilinear")
+    'st.upsample_bilinear'
     """
 
     code: str
@@ -1175,10 +1185,19 @@ class RuleInfo:
     torch_symbols: Tuple[str, ...]
     fixable: bool
 
+    def safetorch_for(self, symbol: str) -> Optional[str]:
+        """The safetorch function that replaces torch entry point ``symbol`` of this rule."""
+        if symbol not in self.torch_symbols:
+            return None
+        if symbol in _UPSAMPLE_FUNCS:
+            return _UPSAMPLE_FUNCS[symbol][1]
+        return self.safetorch
+
 
 _ALL_RULES: Tuple[Type[Rule], ...] = (SyntaxErrorRule, *RULES)
 
-#: code -> pitfall -> safetorch function (and the torch entry points monkeypatch mode routes).
+#: code -> pitfall -> safetorch function (and the torch entry points monkeypatch mode routes;
+#: ``RULE_TABLE[code].safetorch_for(symbol)`` gives the function for one entry point).
 RULE_TABLE: Dict[str, RuleInfo] = {
     r.code: RuleInfo(r.code, r.name, r.pitfall, r.safetorch, r.torch_symbols, r.fixable)
     for r in _ALL_RULES

@@ -220,6 +220,9 @@ def test_rule_table_covers_every_rule() -> None:
         rule = rule_for(code)
         assert (rule.__doc__ or "").startswith(f"{code}: "), code
         assert info.fixable == rule.fixable
+        for symbol in info.torch_symbols:
+            assert info.safetorch_for(symbol) in PUBLIC_SAFETORCH_NAMES, (code, symbol)
+        assert info.safetorch_for("torch.not_a_symbol") is None
         doc = rule.__doc__ or ""
         assert "safetorch: " in doc, code
         if code != "ST000":
