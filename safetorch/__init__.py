@@ -11,6 +11,7 @@ from safetorch.data import *  # noqa: F403
 from safetorch.device import *  # noqa: F403
 from safetorch.errors import (
     CheckpointError,
+    CheckpointFileNotFoundError,
     CheckpointMismatchError,
     DeviceMismatchError,
     IndexOutOfBoundsError,

@@ -16,6 +16,7 @@ __all__ = [
     "IndexOutOfBoundsError",
     "DeviceMismatchError",
     "CheckpointError",
+    "CheckpointFileNotFoundError",
     "UnsafeCheckpointError",
     "CheckpointMismatchError",
 ]
@@ -71,6 +72,18 @@ class CheckpointError(SafetorchError, RuntimeError):
     >>> import safetorch as st
     >>> issubclass(st.CheckpointError, RuntimeError)
     True
+    """
+
+
+class CheckpointFileNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint path does not exist (a CheckpointError and a FileNotFoundError).
+
+    >>> import safetorch as st
+    >>> try:
+    ...     st.load("no/such/file.pt")
+    ... except FileNotFoundError as e:
+    ...     print(type(e).__name__)
+    CheckpointFileNotFoundError
     """
 
 

@@ -35,6 +35,7 @@ from safetorch.checkpoint.keys import (
 from safetorch.checkpoint.report import LoadReport
 from safetorch.errors import (
     CheckpointError,
+    CheckpointFileNotFoundError,
     CheckpointMismatchError,
     SafetorchError,
     SafetorchWarning,
@@ -46,7 +47,6 @@ __all__ = [
     "load_state_dict",
     "save_checkpoint",
     "CheckpointSaver",
-    "CheckpointFileNotFoundError",
 ]
 
 logger = logging.getLogger("safetorch")
@@ -61,18 +61,6 @@ FileLike = Union[PathLike, IO[bytes]]
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class CheckpointFileNotFoundError(CheckpointError, FileNotFoundError):
-    """The checkpoint path does not exist (a CheckpointError and a FileNotFoundError).
-
-    >>> import safetorch as st
-    >>> try:
-    ...     st.load("no/such/file.pt")
-    ... except FileNotFoundError as e:
-    ...     print(type(e).__name__)
-    CheckpointFileNotFoundError
-    """
 
 
 def _user_stacklevel() -> int:
