@@ -353,3 +353,20 @@ def test_timing_of_non_cuda_work_in_a_cuda_file_is_not_flagged() -> None:
         return time.time() - t0
     """
     assert [(d.code, d.line) for d in check_source(textwrap.dedent(src))] == [("ST006", 16)]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_check_file_restores_the_gc_state(tmp_path: Path, enabled: bool) -> None:
+    import gc
+
+    from safetorch.check import check_file
+
+    path = tmp_path / "m.py"
+    path.write_text("import torch\ntorch.load('a')\n")
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        assert [d.code for d in check_file(str(path)).diagnostics] == ["ST003", "ST004"]
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
