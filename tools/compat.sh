@@ -15,7 +15,7 @@
 # Environment:
 #   COMPAT_PYTHON   interpreter for the venvs (default: python3; needs 3.11 for 2.13/2.14 wheels)
 #   COMPAT_TIMEOUT  seconds allowed for one version's pytest run (default 1800)
-#   COMPAT_NOTE     a note printed at the top of COMPAT.md (e.g. "preliminary run")
+#   COMPAT_NOTE     a note recorded with each version run and shown in COMPAT.md
 #   COMPAT_PYTEST_ARGS  extra pytest arguments (e.g. "-x" or a test path filter via -k)
 set -uo pipefail
 
@@ -75,8 +75,10 @@ setup() {
     local pip=("$venv/bin/python" -m pip --disable-pip-version-check)
     if ! "${pip[@]}" install --progress-bar off "torch==$v" "$(numpy_spec "$v")" "${TEST_DEPS[@]}" \
         >"$venv/install.log" 2>&1; then
-        grep -E "^ERROR|^error|No matching distribution|Could not find" "$venv/install.log" \
-            >"$venv/install.err" || tail -n 5 "$venv/install.log" >"$venv/install.err"
+        # pip's own explanation: from its first error line on (the conflict, the missing wheel)
+        grep -v "^WARNING: Location" "$venv/install.log" | sed -n '/^ERROR\|^error/,$p' | head -n 20 \
+            >"$venv/install.err"
+        [ -s "$venv/install.err" ] || tail -n 8 "$venv/install.log" >"$venv/install.err"
         log "torch $v: pip install failed: $(head -n 2 "$venv/install.err")"
         return 1
     fi
@@ -122,10 +124,11 @@ for v in "${versions[@]}"; do
         continue
     fi
     [ "$setup_only" -eq 1 ] && continue
+    commit="$("$PYTHON" tools/compat_report.py commit)"  # what the suite is about to test
     run_suite "$v"
     rc=$?
     [ "$rc" -ne 0 ] && status=1
-    "$venv/bin/python" tools/compat_report.py record "$v" --venv "$venv" --pytest-rc "$rc" || status=1
+    "$venv/bin/python" tools/compat_report.py record "$v" --venv "$venv" --pytest-rc "$rc" --commit "$commit" || status=1
 done
 
 if [ "$setup_only" -eq 0 ]; then

@@ -70,18 +70,28 @@ def _flags() -> List[Dict[str, Any]]:
 
 def _first_line(text: str, limit: int = 240) -> str:
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    # pytest's per-test temporary paths would keep identical failures from grouping
+    line = re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/[^/'\s]+", "<tmp>", line)
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _where(text: str) -> str:
-    """The last `path:line: Exc` location pytest printed, preferring safetorch/ frames."""
-    locs = re.findall(r"^([\w./-]+\.py):(\d+): (\w+)", text, flags=re.M)
-    if not locs:
+    """Where the exception was raised (pytest's ``path:line: ExcName`` line), and the last
+    safetorch frame on the way when that is somewhere else (torch, pytest)."""
+    frames = re.findall(r"^([\w./-]+\.py):(\d+): (?:in \w+|(\w+))\s*$", text, flags=re.M)
+    if not frames:
         return ""
-    own = [loc for loc in locs if "safetorch/" in loc[0] and "tests/" not in loc[0]]
-    path, line, exc = (own or locs)[-1]
-    path = path.split("/work/main/")[-1]
-    return f"{path}:{line} ({exc})"
+
+    def short(path: str) -> str:
+        return path.split("/work/main/")[-1]
+
+    raised = [f for f in frames if f[2]]
+    path, line, exc = raised[-1] if raised else frames[-1]
+    out = f"{short(path)}:{line}" + (f" ({exc})" if exc else "")
+    own = [f for f in frames if f[0].startswith("safetorch/")]
+    if own and own[-1][0] != path:
+        out += f", via {own[-1][0]}:{own[-1][1]}"
+    return out
 
 
 def _parse_junit(path: Path) -> Dict[str, Any]:
@@ -125,9 +135,10 @@ def record(args: argparse.Namespace) -> int:
     data: Dict[str, Any] = {
         "version": args.version,
         "date": datetime.date.today().isoformat(),
-        "commit": _commit(),
+        "commit": args.commit or _commit(),
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "note": os.environ.get("COMPAT_NOTE", "").strip(),
     }
     if args.install_failed:
         err = venv / "install.err"
@@ -174,7 +185,6 @@ def render(args: argparse.Namespace) -> int:
         old = COMPAT_MD.read_text()
         if NOTES_MARKER in old:
             notes = old.split(NOTES_MARKER, 1)[1].strip("\n")
-    note = os.environ.get("COMPAT_NOTE", "").strip()
     out: List[str] = [
         "# Compatibility matrix",
         "",
@@ -184,8 +194,12 @@ def render(args: argparse.Namespace) -> int:
         "`.venv-compat/<version>`; a row keeps the date and commit of its last run.",
         "",
     ]
-    if note:
-        out += [f"> **{note}**", ""]
+    notes_by_text: Dict[str, List[str]] = {}
+    for r in rows:
+        if r.get("note"):
+            notes_by_text.setdefault(r["note"], []).append(r["version"])
+    for text, versions in notes_by_text.items():
+        out += [f"> **{text}** (torch {', '.join(versions)})", ""]
     out += [
         "| torch | installed build | Python | date | commit | passed | failed | errors | skipped | result |",
         "|---|---|---|---|---|---:|---:|---:|---:|---|",
@@ -286,9 +300,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     rec.add_argument("--venv", required=True)
     rec.add_argument("--pytest-rc", type=int, default=None)
     rec.add_argument("--install-failed", action="store_true")
+    rec.add_argument("--commit", help="commit tested (default: HEAD now, + dirty mark)")
     rec.set_defaults(func=record)
     ren = sub.add_parser("render")
     ren.set_defaults(func=render)
+    com = sub.add_parser("commit", help="print the commit id recorded for a run")
+    com.set_defaults(func=lambda _args: print(_commit()) or 0)
     args = p.parse_args(argv)
     return int(args.func(args))
 
