@@ -148,6 +148,7 @@ def record(args: argparse.Namespace) -> int:
         import torch
 
         data["torch"] = torch.__version__
+        data["cuda_available"] = bool(torch.cuda.is_available())
         data["python"] = platform.python_version()
         try:
             data["flags"] = _flags()
@@ -220,6 +221,11 @@ def render(args: argparse.Namespace) -> int:
                 st=r["status"],
             )
         )
+    machines = sorted({r["machine"] for r in rows if r.get("machine")})
+    if machines:
+        gpu = {r.get("cuda_available") for r in rows if "cuda_available" in r}
+        where = " (no GPU: CUDA builds ran on the CPU)" if gpu == {False} else ""
+        out += ["", f"Machine: {'; '.join(machines)}{where}."]
     flagged = [r for r in rows if r.get("flags")]
     if flagged:
         names = [f["name"] for f in flagged[-1]["flags"]]
