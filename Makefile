@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(VENV)/bin/safetorch doctor
 	$(PY) examples/demo.py
+	@echo "\n=== safetorch check examples/legacy ==="
+	$(VENV)/bin/safetorch check --exit-zero examples/legacy
 
 lint: venv
 	$(VENV)/bin/ruff check safetorch tests benchmarks examples

@@ -8,7 +8,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = [
-    "demo_tensor.py",
+    "demo_tensor.py",  # safe_copy, checked indexing, deferred errors, device helpers
+    "demo_checkpoint.py",  # a DataParallel checkpoint into a plain model, with its report
+    "demo_nn.py",  # lint_model finds and fixes conv-bias-before-BN
+    "demo_data.py",  # a PinnedBatch DataLoader, check_loader, a cuda_timer measurement
+    "demo_patch.py",  # the legacy example under `safetorch run`, with the report
+    "demo_check.py",  # `safetorch check` find / diff / fix
 ]
 
 
