@@ -33,6 +33,9 @@ def _unchecked(device_type: str) -> bool:
 
 
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    # CPU first: `is_cpu` costs ~0.1 us where `device.type` costs ~0.7 us.
+    if instance.is_cpu and _device.cpu_unchecked:
+        return wrapped(*args, **kwargs)
     if _unchecked(instance.device.type) or registry.nested(_NAME) or kwargs or len(args) != 1:
         return wrapped(*args, **kwargs)
     if registry.compiling():  # a checked index syncs the host: not inside a graph
@@ -68,6 +71,8 @@ def _bind(
 def _select_like(op: str, label: str, extra: Tuple[str, ...]) -> Any:
     def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         x = instance if instance is not None else (args[0] if args else kwargs.get("input"))
+        if getattr(x, "is_cpu", False) and _device.cpu_unchecked:
+            return wrapped(*args, **kwargs)  # CPU kernels raise by themselves
         device = getattr(x, "device", None)
         if device is None or _unchecked(device.type) or registry.nested(_NAME):
             return wrapped(*args, **kwargs)
