@@ -28,9 +28,19 @@ except IndexError as e:
 
 w = torch.ones(2, requires_grad=True)
 snap = st.safe_copy({"w": w * 3, "epoch": 1})
-print("safe_copy: requires_grad", snap["w"].requires_grad, "| shares memory", snap["w"].data_ptr() == w.data_ptr())
+print(
+    "safe_copy: requires_grad",
+    snap["w"].requires_grad,
+    "| shares memory",
+    snap["w"].data_ptr() == w.data_ptr(),
+)
 
 model = torch.nn.Linear(2, 2)
 batch = {"x": torch.zeros(4, 2), "ids": ["a", "b", "c", "d"]}
-print("device_of(model):", st.device_of(model), "| same device:", st.assert_same_device(model, batch["x"]))
+print(
+    "device_of(model):",
+    st.device_of(model),
+    "| same device:",
+    st.assert_same_device(model, batch["x"]),
+)
 print("to_device:", st.to_device(batch, "cpu")["x"].device)
