@@ -125,6 +125,11 @@ def test_index_select_matches_torch(
         index = index.reshape(())
     expected = _outcome(lambda: torch.index_select(x, dim, index))
     got = _outcome(lambda: st.index_select(x, dim, index, check="always"))
+    if x.dim() == 0 and index.numel() == 0 and expected[0] == got[0] == "ok":
+        # torch 1.13 returns uninitialized memory here (2.x raises "Index to scalar can have
+        # only 1 value"): st.index_select passes torch's result through; values are noise.
+        assert got[1].shape == expected[1].shape and got[1].dtype == expected[1].dtype
+        return
     _assert_same(expected, got)
 
 
