@@ -8,13 +8,11 @@ same directory, then ``os.replace``.
 from __future__ import annotations
 
 import difflib
-import os
-import tempfile
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Tuple
 
 from safetorch.check.engine import Diagnostic, Edit, split_lines
 
-__all__ = ["apply_fixes", "unified_diff", "write_atomic"]
+__all__ = ["apply_fixes", "unified_diff"]
 
 
 def _offsets(lines: List[str]) -> List[int]:
@@ -101,40 +99,3 @@ def unified_diff(path: str, before: str, after: str) -> str:
             tofile=path,
         )
     )
-
-
-def write_atomic(path: str, text: str, encoding: str = "utf-8") -> None:
-    """Replace the file at ``path`` with ``text`` atomically (same directory, ``os.replace``).
-
-    Newlines are written as they are in ``text`` (no translation); the file's permission
-    bits are kept.
-
-    Args:
-        path: The file to replace.
-        text: Its new content.
-        encoding: The encoding to write with (the one the file was read with).
-
-    >>> import pathlib, tempfile
-    >>> p = pathlib.Path(tempfile.mkdtemp(), "m.py")
-    >>> write_atomic(str(p), "x = 1\\n"); p.read_text()
-    'x = 1\\n'
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    mode: Optional[int] = None
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        pass
-    fd, tmp = tempfile.mkstemp(prefix=".safetorch-", suffix=".py.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as handle:
-            handle.write(text)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -13,8 +13,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
+from safetorch._atomic import atomic_write_text
 from safetorch.check.engine import SYNTAX_ERROR_CODE, Diagnostic, Rule, analyze
-from safetorch.check.fixer import apply_fixes, write_atomic
+from safetorch.check.fixer import apply_fixes
 from safetorch.check.rules import select_rules
 
 __all__ = [
@@ -256,7 +257,7 @@ def _check_file(path: str, select: Codes, ignore: Codes, fix: bool, write: bool)
         return FileResult(path, analyze(source, path, rules, keep_syntax_errors=syntax))
     fixed, remaining, count = _fix(source, path, rules, syntax)
     if write and fixed != source:
-        write_atomic(path, fixed, encoding=encoding)
+        atomic_write_text(path, fixed, encoding=encoding)
     return FileResult(path, remaining, count, source, fixed)
 
 

@@ -13,8 +13,8 @@ from typing import List, Tuple
 
 import pytest
 
+from safetorch import _atomic
 from safetorch._cli import main
-from safetorch.check import fixer
 
 LEGACY = """\
 import torch
@@ -177,7 +177,7 @@ def test_failed_write_leaves_original(
     def boom(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(fixer.os, "replace", boom)
+    monkeypatch.setattr(_atomic.os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
         main(["check", "--fix", str(legacy)])
     assert legacy.read_text() == LEGACY
