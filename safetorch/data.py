@@ -48,6 +48,7 @@ from safetorch import _device
 from safetorch import device as _device_move
 from safetorch.errors import SafetorchWarning
 from safetorch.findings import Finding
+from safetorch.nn._stack import user_stacklevel
 
 __all__ = ["PinnedBatch", "pin", "collate", "check_loader", "SafeDataLoader"]
 
@@ -509,9 +510,9 @@ class _FirstBatchCheck:
 
 
 def _warn(findings: Iterable[Finding]) -> None:
-    # stacklevel 3: _warn <- __iter__/__next__ <- the user's `for` statement.
+    # Attributed to the user's `for` statement (first frame outside torch and safetorch).
     for f in findings:
-        warnings.warn(f"SafeDataLoader: {f}", SafetorchWarning, stacklevel=3)
+        warnings.warn(f"SafeDataLoader: {f}", SafetorchWarning, stacklevel=user_stacklevel())
 
 
 class SafeDataLoader(torch.utils.data.DataLoader):

@@ -23,6 +23,7 @@ from torch.nn.parallel._functions import Scatter
 
 from safetorch._nest import map_tensors
 from safetorch.errors import SafetorchWarning
+from safetorch.nn._stack import user_stacklevel
 
 __all__ = ["BalancedDataParallel"]
 
@@ -160,9 +161,9 @@ class BalancedDataParallel(torch.nn.DataParallel):
         >>> sum(dp.chunk_sizes(30))
         30
         """
-        return self._sizes(batch_size, stacklevel=3)
+        return self._sizes(batch_size)
 
-    def _sizes(self, batch_size: int, stacklevel: int) -> List[int]:
+    def _sizes(self, batch_size: int) -> List[int]:
         sizes, fallback = _chunk_sizes(batch_size, max(len(self.device_ids), 1), self.gpu0_bsz)
         if fallback and not self._fallback_warned:
             self._fallback_warned = True
@@ -172,7 +173,7 @@ class BalancedDataParallel(torch.nn.DataParallel):
                 f"evenly ({sizes}). Lower gpu0_bsz to at most "
                 f"{math.ceil(batch_size / len(self.device_ids))}.",
                 SafetorchWarning,
-                stacklevel=stacklevel,
+                stacklevel=user_stacklevel(),
             )
         return sizes
 
@@ -189,8 +190,7 @@ class BalancedDataParallel(torch.nn.DataParallel):
                     f"{self.src_device_obj} (device_ids[0]) but found one on {t.device}; "
                     f"call module.to({str(self.src_device_obj)!r}) before wrapping it"
                 )
-        # stacklevel 5: _sizes <- forward <- Module._call_impl <- _wrapped_call_impl <- user
-        sizes = self._sizes(batch, stacklevel=5)
+        sizes = self._sizes(batch)
         used = [i for i, s in enumerate(sizes) if s > 0]
         first, end = used[0], used[-1] + 1
         devices = self.device_ids[first:end]
@@ -217,5 +217,5 @@ def _advise_ddp() -> None:
         "torch.nn.parallel.DistributedDataParallel (one process per GPU) is faster and "
         "balanced by construction, and is the recommended tool.",
         SafetorchWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )

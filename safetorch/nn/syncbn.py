@@ -34,6 +34,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from safetorch import _compat
 from safetorch.errors import SafetorchWarning
+from safetorch.nn._stack import user_stacklevel
 
 __all__: List[str] = [
     "SyncBatchNorm",
@@ -577,7 +578,7 @@ def convert_sync_batchnorm(
             + ". Register a converter with st.register_sync_batchnorm_converter(cls, fn) "
             "(or run a forward pass first for lazy layers)",
             SafetorchWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
     return result
 

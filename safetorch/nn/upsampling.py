@@ -142,10 +142,13 @@ class Upsample(nn.Upsample):
 
     >>> import torch, safetorch as st
     >>> m = st.Upsample(scale_factor=2, mode="bilinear")
-    >>> m
-    Upsample(scale_factor=2.0, mode='bilinear')
-    >>> m(torch.zeros(1, 1, 2, 2)).shape
-    torch.Size([1, 1, 4, 4])
+    >>> isinstance(m, torch.nn.Upsample)
+    True
+    >>> repr(m) == repr(torch.nn.Upsample(scale_factor=2, mode="bilinear"))
+    True
+    >>> m(torch.tensor([[[[0.0, 4.0]]]]))
+    tensor([[[[0., 1., 3., 4.],
+              [0., 1., 3., 4.]]]])
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

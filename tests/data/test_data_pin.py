@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import safetorch as st
-from safetorch import _device, data
+from safetorch import _compat, _device, data
 from safetorch._nest import map_tensors
 
 Pair = namedtuple("Pair", ["a", "b"])
@@ -114,7 +114,14 @@ def test_older_torch_branch_uses_cuda_detection(simulate_torch: Any) -> None:
         b = Batch(torch.zeros(2), torch.ones(2))
         assert b.pin_memory() is b
         assert st.pin([b])[0] is b
-    assert st.accelerator_available() == torch.accelerator.is_available()
+    # restored on exit: torch.accelerator where the installed torch has it (2.6), CUDA before
+    if _compat.HAS_ACCELERATOR:
+        assert _device._accelerator_impl is _device._accelerator_available_new
+        assert st.accelerator_available() == torch.accelerator.is_available()
+    else:
+        assert not hasattr(getattr(torch, "accelerator", None), "is_available")
+        assert _device._accelerator_impl is _device._accelerator_available_old
+        assert st.accelerator_available() == torch.cuda.is_available()
 
 
 # --- recursion (fake accelerator) -------------------------------------------------------

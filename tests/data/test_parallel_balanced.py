@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any, List
 
@@ -167,3 +168,29 @@ def test_forward_falls_back_to_even_split_with_one_warning(monkeypatch: pytest.M
         warnings.simplefilter("error")
         dp(x, y=y)
     assert fake.applied == [[3, 3, 3], [3, 3, 3]]
+
+
+def test_fallback_warning_points_at_the_user_line_under_torch_containers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Module.__call__ is one frame on torch 1.13 and two on 2.x; nesting adds more.
+    dp = st.BalancedDataParallel(torch.nn.Linear(3, 2), gpu0_bsz=8)
+    FakeMultiDevice(dp, monkeypatch)
+    monkeypatch.setattr(dp, "parallel_apply", lambda r, i, k: [m(*a) for m, a in zip(r, i)])
+    model = torch.nn.Sequential(torch.nn.Sequential(dp))
+    with pytest.warns(st.SafetorchWarning, match="exceeds an even share") as record:
+        model(torch.randn(9, 3))
+    assert (record[0].filename, record[0].lineno) == (__file__, _lineno() - 1)
+
+
+def test_chunk_sizes_warning_points_at_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    dp = st.BalancedDataParallel(torch.nn.Identity(), gpu0_bsz=8)
+    FakeMultiDevice(dp, monkeypatch)
+    with pytest.warns(st.SafetorchWarning, match="exceeds an even share") as record:
+        dp.chunk_sizes(9)
+    assert record[0].filename == __file__
+
+
+def _lineno() -> int:
+    frame = sys._getframe(1)
+    return frame.f_lineno

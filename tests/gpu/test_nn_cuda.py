@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import safetorch as st
+from safetorch import _compat
 
 syncbn = importlib.import_module("safetorch.nn.syncbn")
 
@@ -38,16 +40,29 @@ def test_auto_policy_picks_torch_syncbn_for_cuda_layers():
     assert syncbn._sync_class_for(cpu_bn, "auto") is st.SyncBatchNorm
     model = st.convert_sync_batchnorm(nn.Sequential(cuda_bn), policy="torch")
     assert type(model[0]) is nn.SyncBatchNorm and model[0].weight is cuda_bn.weight
-    assert st.lint_model(model) == []
+    # without a process group torch >= 2.0 falls back to batch_norm; torch < 2.0 raises in
+    # training (get_world_size), which the lint rule reports
+    found = st.lint_model(model)
+    try:
+        model(torch.randn(4, 3, 2, 2, device="cuda"))
+    except RuntimeError:
+        raised = True
+    else:
+        raised = False
+    assert raised is not _compat.SYNCBN_FALLS_BACK_WITHOUT_PG
+    assert [f.rule for f in found] == (["torch-syncbn-device"] if raised else [])
 
 
 @pytest.fixture
 def one_rank_nccl(tmp_path):
+    # torch >= 2.2's init_process_group replaces sys.excepthook; destroy does not restore it
+    saved_excepthook = sys.excepthook
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
     try:
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+        sys.excepthook = saved_excepthook
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -7,11 +7,13 @@ import logging
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 import safetorch as st
+from safetorch import _compat
 
 
 def rules(findings):
@@ -150,13 +152,33 @@ def test_example_input_errors_propagate():
         st.lint_model(nn.Sequential(nn.Linear(3, 2)), torch.randn(2, 5))
 
 
-def test_torch_syncbn_device_rule_depends_on_torch_release(simulate_torch):
+@pytest.mark.parametrize("falls_back", [True, False], ids=["torch>=2.0", "torch<2.0"])
+def test_torch_syncbn_device_rule_depends_on_torch_release(simulate_torch, falls_back):
     model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(2)))
-    assert st.lint_model(model) == []  # torch >= 2.0 falls back without a process group
-    with simulate_torch(SYNCBN_FALLS_BACK_WITHOUT_PG=False):
+    with simulate_torch(SYNCBN_FALLS_BACK_WITHOUT_PG=falls_back):
         found = st.lint_model(model)
-    assert rules(found) == [("torch-syncbn-device", "0")]
-    assert "every forward" in found[0].message
+    if falls_back:  # torch >= 2.0: plain batch_norm without a process group
+        assert found == []
+    else:
+        assert rules(found) == [("torch-syncbn-device", "0")]
+        assert "every forward" in found[0].message
+
+
+@pytest.mark.skipif(dist.is_available() and dist.is_initialized(), reason="needs no process group")
+def test_torch_syncbn_device_rule_matches_the_installed_torch():
+    # whichever side of SYNCBN_FALLS_BACK_WITHOUT_PG the installed torch is on, the rule fires
+    # exactly when torch's own SyncBatchNorm raises on this CPU input
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(2)))
+    found = st.lint_model(model)
+    try:
+        model(torch.randn(2, 2, 3, 3))
+    except ValueError as e:
+        assert "GPU" in str(e)
+        raised = True
+    else:
+        raised = False
+    assert rules(found) == ([("torch-syncbn-device", "0")] if raised else [])
+    assert raised is not _compat.SYNCBN_FALLS_BACK_WITHOUT_PG
 
 
 def conv_bn_model(seed, conv_kind, bn_momentum, affine):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import warnings
 
 import pytest
@@ -12,8 +13,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import safetorch as st
+from safetorch import _compat
 
 syncbn = importlib.import_module("safetorch.nn.syncbn")
+_problem_since_2_0 = syncbn._problem_since_2_0
+_problem_before_2_0 = syncbn._problem_before_2_0
 
 
 class BNReLU(nn.BatchNorm2d):
@@ -45,7 +49,18 @@ def test_no_process_group_returns_module_unchanged_and_logs_why(caplog):
     assert "no process group is initialized" in caplog.text
 
 
-def test_world_size_one_returns_module_unchanged(tmp_path, caplog):
+@pytest.fixture
+def restore_excepthook():
+    """torch >= 2.2's init_process_group replaces sys.excepthook (a ``[rank0]:`` prefixer)
+    and destroy_process_group does not restore it; put the original back."""
+    saved = sys.excepthook
+    try:
+        yield
+    finally:
+        sys.excepthook = saved
+
+
+def test_world_size_one_returns_module_unchanged(tmp_path, caplog, restore_excepthook):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
     try:
         model = small_model()
@@ -137,6 +152,14 @@ def test_warning_points_at_the_caller():
     assert record[0].filename == __file__
 
 
+def test_warning_through_the_patched_torch_converter_points_at_the_caller():
+    # The patch adds a safetorch wrapper frame; the stacklevel is found by walking frames.
+    with st.patched("syncbn"), pytest.warns(st.SafetorchWarning) as record:
+        # policy= passes through the patch (without a process group "auto" converts nothing)
+        nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(BNReLU(2)), policy="portable")
+    assert [w.filename for w in record if issubclass(w.category, st.SafetorchWarning)] == [__file__]
+
+
 def test_registered_converter_is_used_through_the_mro():
     class BNReLUChild(BNReLU):
         pass
@@ -170,7 +193,12 @@ def test_register_rejects_non_classes_and_non_callables():
 
 
 def test_uninitialized_lazy_layer_is_skipped_with_a_warning():
-    model = nn.Sequential(nn.LazyBatchNorm2d())
+    with warnings.catch_warnings():
+        # torch <= 2.3 warns on constructing any lazy module; only that warning is tolerated
+        warnings.filterwarnings(
+            "ignore", message="Lazy modules are a new feature", category=UserWarning
+        )
+        model = nn.Sequential(nn.LazyBatchNorm2d())
     with pytest.warns(st.SafetorchWarning, match="uninitialized lazy layer"):
         st.convert_sync_batchnorm(model, policy="portable")
     assert isinstance(model[0], nn.LazyBatchNorm2d)
@@ -222,18 +250,41 @@ def test_portable_syncbn_rejects_bad_input_with_the_shape():
         st.SyncBatchNorm(0)(torch.randn(2, 0))
 
 
-def test_torch_syncbn_problem_is_bound_per_torch_release(simulate_torch):
-    # torch >= 2.0 (installed): falls back to batch_norm without a process group
-    assert syncbn.torch_syncbn_problem("cpu", False) is None
-    assert "cuda" in syncbn._torch_syncbn_devices and "xpu" in syncbn._torch_syncbn_devices
-    assert "initialized process group" in syncbn.torch_syncbn_problem("cpu", True)
-    assert syncbn.torch_syncbn_problem("cuda", True) is None
-    with simulate_torch(SYNCBN_FALLS_BACK_WITHOUT_PG=False):
-        assert syncbn._torch_syncbn_devices == frozenset({"cuda"})
-        assert "every forward" in syncbn.torch_syncbn_problem("cpu", False)
-        assert "without an initialized process group" in syncbn.torch_syncbn_problem("cuda", False)
-        assert syncbn.torch_syncbn_problem("cuda", True) is None
-        # "auto" picks the portable class for devices torch's SyncBatchNorm then lacked
-        fake_xpu = nn.BatchNorm1d(2)
-        assert syncbn._sync_class_for(fake_xpu, "auto") is st.SyncBatchNorm
-    assert "xpu" in syncbn._torch_syncbn_devices
+@pytest.mark.parametrize("falls_back", [True, False], ids=["torch>=2.0", "torch<2.0"])
+def test_torch_syncbn_problem_is_bound_per_torch_release(simulate_torch, falls_back):
+    with simulate_torch(SYNCBN_FALLS_BACK_WITHOUT_PG=falls_back):
+        if falls_back:  # torch >= 2.0: falls back to batch_norm without a process group
+            assert syncbn.torch_syncbn_problem("cpu", False) is None
+            assert {"cuda", "xpu"} <= syncbn._torch_syncbn_devices
+            assert "initialized process group" in syncbn.torch_syncbn_problem("cpu", True)
+            assert syncbn.torch_syncbn_problem("cuda", True) is None
+            assert syncbn._sync_class_for(nn.BatchNorm1d(2), "auto") is st.SyncBatchNorm
+        else:  # torch < 2.0: CUDA only, and a process group even for CUDA
+            assert syncbn._torch_syncbn_devices == frozenset({"cuda"})
+            assert "every forward" in syncbn.torch_syncbn_problem("cpu", False)
+            assert "without an initialized process group" in syncbn.torch_syncbn_problem(
+                "cuda", False
+            )
+            assert syncbn.torch_syncbn_problem("cuda", True) is None
+            # "auto" picks the portable class for devices torch's SyncBatchNorm then lacked
+            fake_xpu = nn.BatchNorm1d(2)
+            assert syncbn._sync_class_for(fake_xpu, "auto") is st.SyncBatchNorm
+    # restored on exit: bound from the installed torch's flag
+    expected = _problem_since_2_0 if _compat.SYNCBN_FALLS_BACK_WITHOUT_PG else _problem_before_2_0
+    assert syncbn.torch_syncbn_problem is expected
+    assert ("xpu" in syncbn._torch_syncbn_devices) is _compat.SYNCBN_FALLS_BACK_WITHOUT_PG
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_torch_syncbn_problem_matches_the_installed_torch_on_cpu(training):
+    # no process group: the bound rule says torch fails exactly when torch's own layer raises
+    assert not (dist.is_available() and dist.is_initialized())
+    layer = nn.SyncBatchNorm(2).train(training)
+    try:
+        layer(torch.randn(2, 2, 3))
+    except ValueError:
+        raised = True
+    else:
+        raised = False
+    problem = syncbn.torch_syncbn_problem("cpu", False)
+    assert raised is (problem is not None), problem
