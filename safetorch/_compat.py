@@ -71,6 +71,44 @@ HAS_SAFE_GLOBALS_CTX: bool = hasattr(torch.serialization, "safe_globals")
 # torch.serialization.get_unsafe_globals_in_checkpoint -- torch 2.6 (pytorch/pytorch#139221).
 HAS_GET_UNSAFE_GLOBALS: bool = hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
 
+def _probe_load_honours_pickle_module() -> bool:
+    import io
+    import pickle
+    import types
+    import warnings
+
+    if "weights_only" not in _LOAD_PARAMS:
+        return False  # torch < 1.13: no weights_only=False to pass
+    used: List[bool] = []
+
+    class _Unpickler(pickle.Unpickler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            used.append(True)
+            super().__init__(*args, **kwargs)
+
+    module = types.ModuleType("_safetorch_probe_pickle")
+    module.Unpickler = _Unpickler  # type: ignore[attr-defined]
+    module.load = pickle.load  # type: ignore[attr-defined]
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.save(0, buf)
+            buf.seek(0)
+            torch.load(buf, pickle_module=module, weights_only=False)
+    except Exception:  # e.g. TORCH_FORCE_WEIGHTS_ONLY_LOAD=1: treat as not honoured (safe side)
+        return False
+    return bool(used)
+
+
+# torch.load(pickle_module=M, weights_only=False) unpickles with M -- torch 2.0 (1.13.x's load
+# did `else: pickle_module = pickle`, ignoring it unless weights_only=True; 2.0.0 reads `if
+# pickle_module is None`). Probed by a tiny load at import. False before 1.13 (no weights_only).
+LOAD_HONOURS_PICKLE_MODULE: bool = _probe_load_honours_pickle_module()
+# Tensor.untyped_storage() -- torch 2.0 (absent from the 1.13 sources, present in 2.0.0); 1.13 has
+# only Tensor.storage() (a TypedStorage, deprecated with a warning from 2.0 on).
+HAS_UNTYPED_STORAGE: bool = hasattr(torch.Tensor, "untyped_storage")
+
 # --- devices -------------------------------------------------------------------------------
 # torch.accelerator with is_available()/current_accelerator() -- torch 2.6 (pytorch/pytorch#132204).
 # In 2.6 current_accelerator() raises without an accelerator; is_available() never does.
@@ -111,6 +149,11 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
         "2.6",
         "hasattr(torch.serialization, 'get_unsafe_globals_in_checkpoint')",
     ),
+    "LOAD_HONOURS_PICKLE_MODULE": (
+        "2.0",
+        "torch.load(pickle_module=probe, weights_only=False) uses probe.Unpickler",
+    ),
+    "HAS_UNTYPED_STORAGE": ("2.0", "hasattr(torch.Tensor, 'untyped_storage')"),
     "HAS_ACCELERATOR": ("2.6", "hasattr(torch.accelerator, 'is_available')"),
     "HAS_SYNC_DEBUG_MODE": ("1.10", "hasattr(torch.cuda, 'set_sync_debug_mode')"),
     "IS_ROCM": ("-", "torch.version.hip"),

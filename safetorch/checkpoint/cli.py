@@ -7,12 +7,19 @@ import collections
 import json
 import os
 import sys
-from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
+from safetorch import _compat
 from safetorch.checkpoint import _unpickler
-from safetorch.checkpoint.io import _ZIP_MAGIC, _unwrapped, atomic_write, load
+from safetorch.checkpoint.io import (
+    _ZIP_MAGIC,
+    _torch_internals_quiet,
+    _unwrapped,
+    atomic_write,
+    load,
+)
 from safetorch.checkpoint.keys import _wrapper_segments_in, find_state_dict, is_state_dict
 from safetorch.errors import CheckpointError
 
@@ -33,6 +40,19 @@ def _iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _iter_tensors(v, depth + 1)
+
+
+_storage_of: Callable[[torch.Tensor], Any]
+
+
+@_compat.register_binder
+def _bind() -> None:
+    global _storage_of
+    # Tensor.untyped_storage() is torch 2.0+; 1.13's Tensor.storage() (a TypedStorage) has the
+    # same data_ptr()/nbytes(), and warns about TypedStorage only from 2.0 on.
+    _storage_of = (
+        torch.Tensor.untyped_storage if _compat.HAS_UNTYPED_STORAGE else torch.Tensor.storage
+    )
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -100,7 +120,7 @@ def inspect_checkpoint(path: str) -> Dict[str, Any]:
     for t in _iter_tensors(obj):
         count += 1
         dtypes[str(t.dtype).replace("torch.", "")] += 1
-        storage = t.untyped_storage()
+        storage = _storage_of(t)
         ident = (storage.data_ptr(), storage.nbytes(), str(t.device))
         if ident not in seen:  # tensors sharing a storage count once
             seen.add(ident)
@@ -186,7 +206,7 @@ def _for_safetensors(state_dict: Mapping[str, Any]) -> Tuple[Dict[str, torch.Ten
         if not isinstance(v, torch.Tensor):
             dropped.append(k)
             continue
-        ptr = (v.untyped_storage().data_ptr(), v.device) if v.numel() else None
+        ptr = (_storage_of(v).data_ptr(), v.device) if v.numel() else None
         if ptr is not None and ptr in seen:
             v = v.clone()
         elif ptr is not None:
@@ -260,7 +280,7 @@ def convert_checkpoint(
     else:
 
         def write(tmp: str) -> None:
-            with open(tmp, "wb") as fh:
+            with open(tmp, "wb") as fh, _torch_internals_quiet():
                 torch.save(obj, _CountingWriter(fh, progress))  # type: ignore[arg-type]
 
         atomic_write(dst, write)

@@ -8,6 +8,7 @@ to the functions here, and these must keep calling the originals rather than the
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import math
@@ -16,7 +17,7 @@ import pickle
 import sys
 import tempfile
 import warnings
-from typing import IO, Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -73,9 +74,43 @@ def _user_stacklevel() -> int:
     return level
 
 
+# torch's own deprecation warnings raised from inside torch.load/torch.save, not about anything
+# the caller did: torch 2.0-2.x warn "TypedStorage is deprecated" from torch/storage.py while
+# loading (once per process). Filtered by message only, around safetorch's own calls.
+_TORCH_INTERNAL_WARNINGS = ("TypedStorage is deprecated",)
+
+
+@contextlib.contextmanager
+def _torch_internals_quiet() -> Iterator[None]:
+    """Hide torch-internal deprecation warnings raised inside safetorch's own torch calls.
+
+    torch warns about TypedStorage once per process; a warning hidden here does not use up
+    that one warning, so user code touching TypedStorage still sees it.
+    """
+    once = getattr(getattr(torch, "storage", None), "_warn_typed_storage_removal", None)
+    had = once.__dict__.get("has_warned") if once is not None else None
+    with warnings.catch_warnings():
+        for message in _TORCH_INTERNAL_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        try:
+            yield
+        finally:
+            if once is not None:
+                if had is None:
+                    once.__dict__.pop("has_warned", None)
+                else:
+                    once.__dict__["has_warned"] = had
+
+
+def _quiet_torch_load(*args: Any, **kwargs: Any) -> Any:
+    with _torch_internals_quiet():
+        return _torch_load(*args, **kwargs)
+
+
 # --- branch binding (see _compat.register_binder) -------------------------------------------
 _load_weights_only: Callable[..., Any]
 _load_trusted: Callable[..., Any]
+_load_restricted_impl: Callable[..., Any]
 _mmap_supported: bool
 _assign_supported: bool
 
@@ -85,13 +120,39 @@ def _mmap_kwargs(use_mmap: bool) -> Dict[str, Any]:
 
 
 def _load_restricted(f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]) -> Any:
-    """torch < 1.13 (no weights_only): torch.load with safetorch's restricted unpickler.
+    """Load with safetorch's restricted unpickler (torch < 1.13, or globals torch cannot scope)."""
+    return _load_restricted_impl(f, map_location, use_mmap, extra)
 
-    Leaving ``weights_only`` unset is right on every torch: it does not exist before 1.13, and
-    from 2.6 on its default resolves to False when a pickle_module is given.
+
+def _load_restricted_via_torch_load(
+    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]
+) -> Any:
+    """torch.load(pickle_module=<restricted>) where torch honours it (torch >= 2.0).
+
+    Leaving ``weights_only`` unset is right: from 2.6 on its default resolves to False when a
+    pickle_module is given, and before that it is False.
     """
     module = _unpickler.make_restricted_pickle_module(extra)
-    return _torch_load(f, map_location=map_location, pickle_module=module, **_mmap_kwargs(use_mmap))
+    return _quiet_torch_load(
+        f, map_location=map_location, pickle_module=module, **_mmap_kwargs(use_mmap)
+    )
+
+
+def _load_restricted_own(
+    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]
+) -> Any:
+    """torch 1.13 ignores ``torch.load(pickle_module=)`` unless weights_only=True (it unpickles
+    with plain pickle), and torch < 1.13 has no weights_only: drive torch's format readers
+    ``_load`` (zip) / ``_legacy_load`` ourselves. Both subclass ``pickle_module.Unpickler``, so
+    every global goes through the restricted ``find_class`` (same signatures 1.6 to 2.x). No mmap.
+    """
+    module = _unpickler.make_restricted_pickle_module(extra)
+    ser: Any = torch.serialization  # private readers, not in torch's type stubs
+    with _torch_internals_quiet(), ser._open_file_like(f, "rb") as opened:
+        if ser._is_zipfile(opened):
+            with ser._open_zipfile_reader(opened) as archive:
+                return ser._load(archive, map_location, module, encoding="utf-8")
+        return ser._legacy_load(opened, map_location, module, encoding="utf-8")
 
 
 def _allow_objects(extra: Mapping[str, Any]) -> list:
@@ -109,7 +170,7 @@ def _allow_objects(extra: Mapping[str, Any]) -> list:
 def _load_torch_scoped(f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]) -> Any:
     """torch >= 2.5: torch's weights-only unpickler with the extra globals scoped to this call."""
     with torch.serialization.safe_globals(_allow_objects(extra)):
-        return _torch_load(
+        return _quiet_torch_load(
             f, map_location=map_location, weights_only=True, **_mmap_kwargs(use_mmap)
         )
 
@@ -121,7 +182,7 @@ def _load_torch_then_restricted(
     (torch cannot scope an allow-list to one call), reload with the restricted unpickler."""
     start = f.tell() if hasattr(f, "tell") else None
     try:
-        return _torch_load(
+        return _quiet_torch_load(
             f, map_location=map_location, weights_only=True, **_mmap_kwargs(use_mmap)
         )
     except pickle.UnpicklingError:
@@ -137,16 +198,19 @@ def _load_torch_then_restricted(
 
 
 def _load_full_old(f: Any, map_location: Any, use_mmap: bool) -> Any:
-    return _torch_load(f, map_location=map_location, **_mmap_kwargs(use_mmap))
+    return _quiet_torch_load(f, map_location=map_location, **_mmap_kwargs(use_mmap))
 
 
 def _load_full(f: Any, map_location: Any, use_mmap: bool) -> Any:
-    return _torch_load(f, map_location=map_location, weights_only=False, **_mmap_kwargs(use_mmap))
+    return _quiet_torch_load(
+        f, map_location=map_location, weights_only=False, **_mmap_kwargs(use_mmap)
+    )
 
 
 @_compat.register_binder
 def _bind() -> None:
-    global _load_weights_only, _load_trusted, _mmap_supported, _assign_supported
+    global _load_weights_only, _load_trusted, _load_restricted_impl
+    global _mmap_supported, _assign_supported
     if not _compat.LOAD_HAS_WEIGHTS_ONLY:  # torch < 1.13
         _load_weights_only = _load_restricted
         _load_trusted = _load_full_old
@@ -156,6 +220,12 @@ def _bind() -> None:
     else:  # torch 1.13 - 2.4
         _load_weights_only = _load_torch_then_restricted
         _load_trusted = _load_full
+    # torch 1.13 ignores pickle_module without weights_only=True; torch < 1.13 lacks the flag.
+    _load_restricted_impl = (
+        _load_restricted_via_torch_load
+        if _compat.LOAD_HONOURS_PICKLE_MODULE
+        else _load_restricted_own
+    )
     _mmap_supported = _compat.LOAD_HAS_MMAP  # torch >= 2.1
     _assign_supported = _compat.LOAD_STATE_DICT_HAS_ASSIGN  # torch >= 2.1
 
@@ -192,28 +262,51 @@ def _looks_like_safetensors(f: Any, head: bytes) -> bool:
     return False
 
 
-def _diagnose(f: Any, head: bytes) -> str:
-    """What is wrong with a file torch.load failed on (read-only look, executes nothing)."""
+# What torch raises on a damaged file (PytorchStreamReader errors, short reads, bad pickles).
+# Anything else (ValueError, TypeError, a warning raised as an error, ...) from a file whose
+# structure checks out is not the file's fault and propagates unchanged.
+_READ_ERRORS = (RuntimeError, EOFError, OSError, pickle.UnpicklingError)
+
+
+def _diagnose(f: Any, head: bytes, exc: BaseException) -> Optional[str]:
+    """What is wrong with a file torch.load failed on (read-only look, executes nothing).
+
+    ``None`` when the file looks intact and ``exc`` is not a read error: then the failure is
+    not the file's and the caller re-raises ``exc``.
+    """
     import zipfile
 
     if not head:
         return "the file is empty"
+    read_error = isinstance(exc, _READ_ERRORS) and not isinstance(exc, Warning)
     if head.startswith(_ZIP_MAGIC):
         try:
             if not _is_path(f):
                 f.seek(f.tell())
             with zipfile.ZipFile(f) as archive:
                 names = archive.namelist()
+                pkls = [n for n in names if n.endswith("data.pkl")]
+                bad_member = archive.testzip() if pkls else None  # CRC of every member
         except (zipfile.BadZipFile, OSError, ValueError, EOFError):
             return "the zip archive is truncated or corrupt (its central directory is unreadable)"
-        if not any(n.endswith("data.pkl") for n in names):
+        if not pkls:
             return (
                 "it is a zip archive without data.pkl, not a torch.save checkpoint "
                 "(TorchScript archives load with torch.jit.load)"
             )
-        return "the zip archive is damaged"
+        if bad_member is not None:
+            return f"the zip archive is damaged ({bad_member!r} fails its CRC check)"
+        if not _unpickler.scan_globals(f)[1]:
+            return "the zip archive is damaged (its data.pkl pickle is truncated or corrupt)"
+        return "torch could not read the zip archive" if read_error else None
     if head[:1] == b"\x80":
-        return "the pickle stream is truncated or corrupt (legacy torch.save format)"
+        if not _unpickler.scan_globals(f)[1]:
+            return "the pickle stream is truncated or corrupt (legacy torch.save format)"
+        return (
+            "the storage data after the pickle stream is truncated or corrupt (legacy format)"
+            if read_error
+            else None
+        )
     return f"it is not a PyTorch checkpoint (it starts with {head[:8]!r})"
 
 
@@ -332,6 +425,8 @@ def load(
     use_mmap = bool(_mmap_supported and is_zip and _is_path(src) and mmap is not False)
     if mmap and not use_mmap:
         logger.info("mmap not possible for %s (legacy format, file object or torch < 2.1)", name)
+    if use_mmap:
+        src = os.fspath(src)  # torch 2.1-2.5's mmap path accepts only str (isinstance(f, str))
     extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
     if not weights_only:
         warnings.warn(
@@ -365,8 +460,13 @@ def load(
                     exc = retry_exc
         if start is not None:
             src.seek(start)
+        problem = _diagnose(src, head, exc)
+        if start is not None:
+            src.seek(start)
+        if problem is None:  # the file is intact: not a file problem, torch's error as is
+            raise exc
         raise CheckpointError(
-            f"cannot load checkpoint {name}: {_diagnose(src, head)} ({_first_line(exc)})"
+            f"cannot load checkpoint {name}: {problem} ({_first_line(exc)})"
         ) from None
 
 
@@ -627,7 +727,12 @@ def save_checkpoint(obj: Any, path: PathLike, *, unwrap: bool = False) -> str:
 
 def _save_local(obj: Any, path: PathLike, unwrap: bool) -> str:
     payload = _unwrapped(obj) if unwrap else obj
-    return atomic_write(path, lambda tmp: _torch_save(payload, tmp))
+
+    def write(tmp: str) -> None:
+        with _torch_internals_quiet():
+            _torch_save(payload, tmp)
+
+    return atomic_write(path, write)
 
 
 def _link_or_copy(src: str, dst: str) -> None:

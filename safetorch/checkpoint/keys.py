@@ -191,6 +191,13 @@ class KeyMatch:
         unmatched_source: checkpoint keys that match nothing.
         unmatched_target: model keys no checkpoint key maps to.
         rule: human-readable description of the renaming applied (``"exact"`` when none).
+
+    >>> from safetorch import match_keys
+    >>> m = match_keys(["module.fc.weight", "extra"], ["fc.weight", "fc.bias"])
+    >>> m.mapping, m.unmatched_source, m.unmatched_target
+    ({'module.fc.weight': 'fc.weight'}, ['extra'], ['fc.bias'])
+    >>> m.rule
+    "dropped wrapper segment(s) 'module.' from checkpoint keys"
     """
 
     mapping: Dict[str, str]

@@ -31,9 +31,13 @@ class LitModule(nn.Module):
 
 
 def _checkpoint_wrapped(net: Net) -> nn.Module:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
 
-    net.backbone = checkpoint_wrapper(net.backbone)
+    # Explicit impl: torch 2.1 warns when checkpoint_impl is left to its (reentrant) default.
+    net.backbone = checkpoint_wrapper(net.backbone, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
     return net
 
 

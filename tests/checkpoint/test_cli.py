@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import safetorch as st
+from safetorch import _compat
 from safetorch._cli import main
 from safetorch.checkpoint import cli as ckpt_cli
 
@@ -101,3 +102,22 @@ def test_progress_only_on_tty_for_large_files(
     stream = _FakeTTY() if tty else io.StringIO()
     ckpt_cli.convert_checkpoint(str(dp_checkpoint), str(tmp_path / "o.pt"), progress_stream=stream)
     assert ("100.0%" in stream.getvalue()) is drawn
+
+
+# torch < 2.0 has no Tensor.untyped_storage(); simulated on newer torch, Tensor.storage() warns.
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")
+@pytest.mark.parametrize("untyped", [True, False], ids=["untyped_storage", "torch_1.13_storage"])
+def test_storage_accounting_on_every_torch(dp_checkpoint, simulate_torch, untyped):
+    """inspect counts each shared storage once and convert clones aliased tensors, whichever of
+    Tensor.untyped_storage() (2.0+) / Tensor.storage() (1.13) the installed torch has."""
+    if untyped and not _compat.HAS_UNTYPED_STORAGE:
+        pytest.skip("Tensor.untyped_storage() needs torch 2.0")
+    base = torch.arange(6.0)
+    sd = {"a": base[:3], "b": base[3:], "c": torch.ones(2, dtype=torch.float64)}
+    with simulate_torch(HAS_UNTYPED_STORAGE=untyped and _compat.HAS_UNTYPED_STORAGE):
+        info = ckpt_cli.inspect_checkpoint(str(dp_checkpoint))
+        flat, dropped = ckpt_cli._for_safetensors(sd)
+    assert info["tensor_count"] == 7 and info["tensor_bytes"] == 4 * (6 + 3 + 3 * 4) + 8
+    assert dropped == [] and torch.equal(flat["b"], base[3:])
+    ptrs = {k: v.data_ptr() for k, v in flat.items()}
+    assert ptrs["a"] == base.data_ptr() and ptrs["b"] != base.data_ptr() + 12  # b was cloned

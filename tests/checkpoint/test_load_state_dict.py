@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import safetorch as st
+from safetorch import _compat
 from safetorch.checkpoint import io as ckpt_io
 
 WRAPPER_NAMES = [
@@ -23,6 +24,12 @@ WRAPPER_NAMES = [
     "averaged_dp",
     "lightning_compiled",
 ]
+# Zoo wrappers built with torch.compile (torch 2.0+). On older torch their cases skip and
+# test_synthetic_orig_mod_keys covers ``_orig_mod.`` keys with hand-made state dicts.
+NEEDS_COMPILE = frozenset({"compile", "dp_compile", "compile_dp", "lightning_compiled"})
+needs_compile = pytest.mark.skipif(
+    not _compat.HAS_COMPILE, reason="torch.compile (OptimizedModule) needs torch 2.0"
+)
 
 
 def _inner(model: nn.Module, zoo) -> nn.Module:
@@ -43,7 +50,7 @@ def _assert_same_weights(a: nn.Module, b: nn.Module) -> None:
 @pytest.mark.parametrize(
     "src_name,dst_name",
     [
-        (a, b)
+        pytest.param(a, b, marks=[needs_compile] if {a, b} & NEEDS_COMPILE else [])
         for a, b in itertools.product(WRAPPER_NAMES, WRAPPER_NAMES)
         # Lightning targets are covered by the prefix tests; keep the matrix fast.
         if b != "lightning_compiled" or a == "plain"
@@ -77,6 +84,7 @@ def test_lightning_checkpoint_into_plain_and_back(zoo):
     _assert_same_weights(plain, target.module.model)
 
 
+@needs_compile
 def test_lightning_with_compiled_submodule_mid_key(zoo):
     lit = zoo.LitModule(torch.compile(zoo.randomized_net(6)))
     keys = list(lit.state_dict())
@@ -86,6 +94,39 @@ def test_lightning_with_compiled_submodule_mid_key(zoo):
     assert report.ok
     assert "'_orig_mod.'" in report.rule and "'model.'" in report.rule
     _assert_same_weights(lit.model._orig_mod, plain)
+
+
+def _prefixed(sd, prefix):
+    out = collections.OrderedDict((prefix + k, v) for k, v in sd.items())
+    out._metadata = collections.OrderedDict(  # type: ignore[attr-defined]
+        ((prefix + k).rstrip("."), v) for k, v in sd._metadata.items()
+    )
+    return out
+
+
+@pytest.mark.parametrize(
+    "prefix", ["_orig_mod.", "module._orig_mod.", "_orig_mod.module.", "model._orig_mod."]
+)
+def test_synthetic_orig_mod_keys(zoo, prefix):
+    """``_orig_mod.`` keys as torch.compile (2.0+) writes them, built by hand: runs on every
+    torch, so the key handling is covered where the compile zoo cases skip."""
+    src = zoo.randomized_net(11)
+    sd = _prefixed(src.state_dict(), prefix)
+    for target in (zoo.randomized_net(12), nn.DataParallel(zoo.randomized_net(13))):
+        report = st.load_state_dict(target, {"state_dict": sd})
+        assert report.ok, str(report)
+        assert "'_orig_mod.'" in report.rule
+        if prefix.startswith("model."):
+            assert "'model.'" in report.rule
+        _assert_same_weights(src, st.unwrap_model(target))
+        with pytest.raises(RuntimeError, match="Missing key|Unexpected key"):
+            target.load_state_dict(sd)  # torch's own loader rejects the same keys
+    # and the other way: a plain checkpoint into a model whose keys carry `_orig_mod.`
+    holder = nn.Module()
+    holder._orig_mod = zoo.randomized_net(14)  # the attribute OptimizedModule uses
+    assert next(iter(holder.state_dict())).startswith("_orig_mod.")
+    assert st.load_state_dict(holder, src.state_dict()).ok
+    _assert_same_weights(src, holder._orig_mod)
 
 
 def test_timm_ema_only_on_request(zoo):
@@ -191,6 +232,9 @@ def test_source_from_path_and_file_object(zoo, tmp_path):
         assert st.load_state_dict(zoo.Net(), fh).ok
 
 
+@pytest.mark.skipif(
+    not _compat.LOAD_STATE_DICT_HAS_ASSIGN, reason="Module.load_state_dict(assign=) needs torch 2.1"
+)
 def test_no_copies_before_final_copy(zoo):
     sd = nn.DataParallel(zoo.randomized_net(1)).state_dict()
     remapped, _ = st.remap_state_dict(sd, zoo.Net())
@@ -223,6 +267,8 @@ def test_unwrap_model_every_wrapper(zoo):
     for name, wrap in zoo.WRAPPERS.items():
         if name in ("lightning_compiled", "ckpt_wrapper"):
             continue
+        if name in NEEDS_COMPILE and not _compat.HAS_COMPILE:
+            continue  # torch < 2.0: no torch.compile; OptimizedModule is tested where it exists
         wrapped = wrap(zoo.Net())
         # AveragedModel deep-copies: the user module is the one Net inside the wrappers.
         (net,) = [m for m in wrapped.modules() if isinstance(m, zoo.Net)]

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import safetorch as st
+from safetorch import _compat
 from safetorch.checkpoint import io as ckpt_io
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,8 +50,29 @@ def test_file_mode_follows_umask(tmp_path):
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask
 
 
-def test_unwrap_saves_canonical_keys(tmp_path):
-    dp = torch.nn.DataParallel(torch.compile(torch.nn.Linear(2, 2)))
+def _dp_compiled(m):
+    return torch.nn.DataParallel(torch.compile(m))
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        pytest.param(torch.nn.DataParallel, id="dp"),
+        pytest.param(
+            lambda m: torch.nn.DataParallel(torch.optim.swa_utils.AveragedModel(m)),
+            id="dp_averaged",
+        ),
+        pytest.param(
+            _dp_compiled,
+            id="dp_compile",
+            marks=pytest.mark.skipif(
+                not _compat.HAS_COMPILE, reason="torch.compile (OptimizedModule) needs torch 2.0"
+            ),
+        ),
+    ],
+)
+def test_unwrap_saves_canonical_keys(tmp_path, wrap):
+    dp = wrap(torch.nn.Linear(2, 2))
     st.save_checkpoint({"model": dp, "epoch": 1}, tmp_path / "c.pt", unwrap=True)
     out = st.load(tmp_path / "c.pt")
     assert sorted(out["model"]) == ["bias", "weight"] and out["epoch"] == 1
@@ -108,8 +130,19 @@ def test_nan_never_becomes_best(tmp_path):
     assert os.path.exists(saver.last_path)
 
 
+@pytest.fixture
+def restore_excepthook():
+    """torch >= 2.2's init_process_group installs a ``[rank0]:`` sys.excepthook that
+    destroy_process_group leaves in place; put the previous hook back for later tests."""
+    saved = sys.excepthook
+    try:
+        yield
+    finally:
+        sys.excepthook = saved
+
+
 @pytest.mark.dist
-def test_ddp_world_size_1_in_process(tmp_path):
+def test_ddp_world_size_1_in_process(tmp_path, restore_excepthook):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3))
