@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import threading
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple
 
@@ -126,9 +127,28 @@ HAS_COMPILE: bool = hasattr(torch, "compile")
 # favour in 2.4). Monkeypatch wrappers use it to call torch's original while dynamo traces.
 HAS_COMPILER_IS_COMPILING: bool = hasattr(getattr(torch, "compiler", None), "is_compiling")
 # torch.aminmax -- torch 1.10 (pytorch/pytorch#62401; one pass for min and max).
+# torch._dynamo.trace_rules -- torch 2.2 (replaced allowed_functions.py): dynamo looks torch
+# functions up by object (through __wrapped__), so it treats a monkeypatch wrapper like the
+# function it wraps; 2.0/2.1 look them up by id() and need allow_in_graph(wrapper). Detected by
+# the file, because importing torch._dynamo costs ~1 s.
+DYNAMO_HAS_TRACE_RULES: bool = os.path.isfile(
+    os.path.join(os.path.dirname(torch.__file__), "_dynamo", "trace_rules.py")
+)
+# Dynamo guards the identity of a function it read from a module global (GuardBuilder
+# .FUNCTION_MATCH is ID_MATCH for every source) -- torch 2.4; up to 2.3 only local functions are
+# guarded, so code compiled before st.patch()/st.unpatch() keeps the function it saw. Internal to
+# torch._dynamo.guards, not detectable without importing dynamo: a release check.
+DYNAMO_GUARDS_GLOBAL_FUNCTIONS: bool = TORCH_RELEASE >= (2, 4)
 HAS_AMINMAX: bool = hasattr(torch, "aminmax")
 
 # --- nn ------------------------------------------------------------------------------------
+# --- data ----------------------------------------------------------------------------------
+# DataLoader(pin_memory=True) without an accelerator warns "'pin_memory' argument is set as true
+# but no accelerator is found" on every iterator -- torch 2.7 (pytorch/pytorch#131858); up to 2.6
+# pinning is turned off silently. Only the message in _BaseDataLoaderIter.__init__ changed: a
+# release check.
+DATALOADER_WARNS_PIN_WITHOUT_ACCELERATOR: bool = TORCH_RELEASE >= (2, 7)
+
 # SyncBatchNorm falls back to plain batch_norm when torch.distributed is not initialized
 # -- torch 2.0 (pytorch/pytorch#89706; 1.13 raises "SyncBatchNorm expected input tensor to be on
 # GPU" for any CPU input). No attribute or parameter changed, so this is a release check.
@@ -160,6 +180,15 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     "HAS_COMPILE": ("2.0", "hasattr(torch, 'compile')"),
     "HAS_COMPILER_IS_COMPILING": ("2.3", "hasattr(torch.compiler, 'is_compiling')"),
     "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
+    "DYNAMO_HAS_TRACE_RULES": ("2.2", "torch/_dynamo/trace_rules.py exists"),
+    "DYNAMO_GUARDS_GLOBAL_FUNCTIONS": (
+        "2.4",
+        "release >= 2.4 (torch._dynamo.guards, not detectable)",
+    ),
+    "DATALOADER_WARNS_PIN_WITHOUT_ACCELERATOR": (
+        "2.7",
+        "release >= 2.7 (a warning in DataLoader, not detectable)",
+    ),
     "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
 }
 

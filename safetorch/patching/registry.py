@@ -174,6 +174,8 @@ def _apply_target(name: str, t: Target) -> None:
     own = attr in vars(parent)
     wrapper = wrapt.FunctionWrapper(original, t.wrapper)
     wrapper._self_safetorch = name  # type: ignore[attr-defined]  # stays on the proxy
+    if not isinstance(parent, type):
+        register_with_dynamo(wrapper)  # module functions; methods reach dynamo as methods
     setattr(parent, attr, wrapper)
     _applied[key] = _Applied(parent, attr, original, own, wrapper)
 
@@ -425,30 +427,76 @@ def nested(name: str) -> bool:
     return busy is not None and name in busy
 
 
-# --- torch.compile -------------------------------------------------------------------------
+# --- torch.compile ---------------------------------------------------------------------------
+# Dynamo meets a wrapper in two ways. (1) It traces a function that calls it: dynamo >= 2.2
+# looks torch functions up by object (trace_rules; a wrapt proxy hashes and compares like the
+# function it wraps) and puts the *wrapper* into the graph as a call_function node; dynamo
+# 2.0/2.1 looks them up by id(), so the wrapper must be registered with allow_in_graph or the
+# call is `Unsupported: call_method UserDefinedObjectVariable(FunctionWrapper)`. Tensor methods
+# (x[i], x.index_select) go into the graph as methods either way. (2) The graph node runs the
+# wrapper with FakeTensors to learn output shapes, outside any traced frame: there
+# torch.compiler.is_compiling() is False up to at least torch 2.9 (2.13 holds it True for the
+# whole compile session), so `compiling()` also asks whether a dynamo compile is in progress
+# (torch._guards.CompileContext, torch 2.1+). Either way the wrapper calls torch's original: a
+# checked index would sync the host (`.tolist()` of a FakeTensor raises
+# DataDependentOutputException) and nothing is counted. When the compiled graph runs (backend
+# "eager", or a graph break) the wrapper runs again with real tensors and does its job.
 def _never_compiling() -> bool:
     return False
 
 
-def _compiling_dynamo() -> bool:
-    return bool(torch._dynamo.is_compiling())
+_is_compiling: Callable[[], bool] = _never_compiling
+
+
+def _compile_session() -> bool:
+    guards = sys.modules.get("torch._guards")
+    context = getattr(guards, "CompileContext", None)  # None on torch 2.0
+    return context is not None and context.current_compile_id() is not None
+
+
+def _compiling_any() -> bool:
+    return bool(_is_compiling()) or _compile_session()
+
+
+def _dynamo_is_compiling() -> bool:  # torch 2.0-2.2; never imports dynamo itself
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is not None and bool(dynamo.is_compiling())
 
 
 compiling: Callable[[], bool] = _never_compiling
 
 
+def _no_registration(wrapper: Any) -> None:
+    return None
+
+
+# Wrappers registered with dynamo < 2.2 by id(): kept alive so that no later object reuses an
+# id that dynamo still allows in graphs.
+_allowed_in_graph: List[Any] = []
+
+
+def _allow_in_graph(wrapper: Any) -> None:
+    import torch._dynamo  # 2.0/2.1 only: ~0.6 s, once, when a patch is first applied
+
+    torch._dynamo.allow_in_graph(wrapper)
+    _allowed_in_graph.append(wrapper)
+
+
+register_with_dynamo: Callable[[Any], None] = _no_registration
+
+
 @_compat.register_binder
 def _bind_compiling() -> None:
-    # While dynamo traces a wrapper, is_compiling() is a constant True: the branch that calls
-    # torch's original (or skips counting) is all dynamo sees, so fullgraph=True holds and
-    # no frame inspection or host sync ends up in the graph.
-    global compiling
+    global compiling, _is_compiling, register_with_dynamo
+    if not _compat.HAS_COMPILE:  # torch < 2.0: no dynamo
+        compiling, register_with_dynamo = _never_compiling, _no_registration
+        return
     if _compat.HAS_COMPILER_IS_COMPILING:
-        compiling = torch.compiler.is_compiling
-    elif _compat.HAS_COMPILE:  # torch 2.0-2.2
-        compiling = _compiling_dynamo
-    else:  # torch < 2.0: no dynamo
-        compiling = _never_compiling
+        _is_compiling = torch.compiler.is_compiling
+    else:  # torch 2.0-2.2
+        _is_compiling = _dynamo_is_compiling
+    compiling = _compiling_any
+    register_with_dynamo = _no_registration if _compat.DYNAMO_HAS_TRACE_RULES else _allow_in_graph
 
 
 # --- counting ------------------------------------------------------------------------------

@@ -94,12 +94,25 @@ def test_exit_message_as_python(in_process, probe) -> None:
     assert info.value.code == "bad things"
 
 
-def test_uncaught_exception_traceback_as_python(in_process, probe, capfd) -> None:
+def test_uncaught_exception_traceback_as_python(in_process, probe, capfd, monkeypatch) -> None:
+    # The runner prints through sys.excepthook, as python does. A fresh python has the
+    # default hook; this process may not (torch >= 2.2's init_process_group installs a
+    # "[rank0]:" prefixer for good), so compare with the hook the subprocess has.
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
     expected = _python(probe, "raise", cwd=probe.parent)
     assert runner.run(str(probe), ["raise"], report=False) == expected.returncode == 1
     err = capfd.readouterr().err
     assert err.replace(str(probe), "probe.py") == expected.stderr.replace(str(probe), "probe.py")
     assert "runner.py" not in err and "runpy" not in err
+
+
+def test_uncaught_exception_goes_through_sys_excepthook(in_process, probe, monkeypatch) -> None:
+    seen: List[Any] = []
+    monkeypatch.setattr(sys, "excepthook", lambda *info: seen.append(info))
+    assert runner.run(str(probe), ["raise"], report=False) == 1
+    ((kind, exc, tb),) = seen
+    assert kind is ValueError and str(exc) == "boom"
+    assert tb.tb_frame.f_code.co_filename == str(probe)  # runner frames removed
 
 
 def test_keyboard_interrupt_ends_by_sigint(in_process, tmp_path, monkeypatch, capfd) -> None:
