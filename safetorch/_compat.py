@@ -72,6 +72,7 @@ HAS_SAFE_GLOBALS_CTX: bool = hasattr(torch.serialization, "safe_globals")
 # torch.serialization.get_unsafe_globals_in_checkpoint -- torch 2.6 (pytorch/pytorch#139221).
 HAS_GET_UNSAFE_GLOBALS: bool = hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
 
+
 def _probe_load_honours_pickle_module() -> bool:
     import io
     import pickle
@@ -126,7 +127,6 @@ HAS_COMPILE: bool = hasattr(torch, "compile")
 # torch.compiler.is_compiling -- torch 2.3 (torch._dynamo.is_compiling before; deprecated in its
 # favour in 2.4). Monkeypatch wrappers use it to call torch's original while dynamo traces.
 HAS_COMPILER_IS_COMPILING: bool = hasattr(getattr(torch, "compiler", None), "is_compiling")
-# torch.aminmax -- torch 1.10 (pytorch/pytorch#62401; one pass for min and max).
 # torch._dynamo.trace_rules -- torch 2.2 (replaced allowed_functions.py): dynamo looks torch
 # functions up by object (through __wrapped__), so it treats a monkeypatch wrapper like the
 # function it wraps; 2.0/2.1 look them up by id() and need allow_in_graph(wrapper). Detected by
@@ -139,9 +139,9 @@ DYNAMO_HAS_TRACE_RULES: bool = os.path.isfile(
 # guarded, so code compiled before st.patch()/st.unpatch() keeps the function it saw. Internal to
 # torch._dynamo.guards, not detectable without importing dynamo: a release check.
 DYNAMO_GUARDS_GLOBAL_FUNCTIONS: bool = TORCH_RELEASE >= (2, 4)
+# torch.aminmax -- torch 1.10 (pytorch/pytorch#62401; one pass for min and max).
 HAS_AMINMAX: bool = hasattr(torch, "aminmax")
 
-# --- nn ------------------------------------------------------------------------------------
 # --- data ----------------------------------------------------------------------------------
 # DataLoader(pin_memory=True) without an accelerator warns "'pin_memory' argument is set as true
 # but no accelerator is found" on every iterator -- torch 2.7 (pytorch/pytorch#131858); up to 2.6
@@ -149,6 +149,7 @@ HAS_AMINMAX: bool = hasattr(torch, "aminmax")
 # release check.
 DATALOADER_WARNS_PIN_WITHOUT_ACCELERATOR: bool = TORCH_RELEASE >= (2, 7)
 
+# --- nn ------------------------------------------------------------------------------------
 # SyncBatchNorm falls back to plain batch_norm when torch.distributed is not initialized
 # -- torch 2.0 (pytorch/pytorch#89706; 1.13 raises "SyncBatchNorm expected input tensor to be on
 # GPU" for any CPU input). No attribute or parameter changed, so this is a release check.
@@ -179,7 +180,6 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     "IS_ROCM": ("-", "torch.version.hip"),
     "HAS_COMPILE": ("2.0", "hasattr(torch, 'compile')"),
     "HAS_COMPILER_IS_COMPILING": ("2.3", "hasattr(torch.compiler, 'is_compiling')"),
-    "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
     "DYNAMO_HAS_TRACE_RULES": ("2.2", "torch/_dynamo/trace_rules.py exists"),
     "DYNAMO_GUARDS_GLOBAL_FUNCTIONS": (
         "2.4",
@@ -189,6 +189,7 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
         "2.7",
         "release >= 2.7 (a warning in DataLoader, not detectable)",
     ),
+    "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
     "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
 }
 
