@@ -46,9 +46,9 @@ import torch.utils.data
 
 from safetorch import _device
 from safetorch import device as _device_move
+from safetorch._stack import user_stacklevel
 from safetorch.errors import SafetorchWarning
 from safetorch.findings import Finding
-from safetorch.nn._stack import user_stacklevel
 
 __all__ = ["PinnedBatch", "pin", "collate", "check_loader", "SafeDataLoader"]
 

@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import pickle
-import sys
 import tempfile
 import warnings
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from safetorch import _compat
+from safetorch._stack import user_stacklevel
 from safetorch.checkpoint import _unpickler
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
@@ -61,17 +61,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 FileLike = Union[PathLike, IO[bytes]]
 
 _ZIP_MAGIC = b"PK\x03\x04"
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _user_stacklevel() -> int:
-    """stacklevel for warnings.warn that points at the first frame outside safetorch."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return level
 
 
 # torch's own deprecation warnings raised from inside torch.load/torch.save, not about anything
@@ -433,7 +422,7 @@ def load(
             f"loading {name} with weights_only=False: unpickling can run arbitrary code; "
             "do this only for files you trust",
             SafetorchWarning,
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
     try:
         if not weights_only:

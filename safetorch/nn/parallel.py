@@ -22,8 +22,8 @@ import torch
 from torch.nn.parallel._functions import Scatter
 
 from safetorch._nest import map_tensors
+from safetorch._stack import user_stacklevel
 from safetorch.errors import SafetorchWarning
-from safetorch.nn._stack import user_stacklevel
 
 __all__ = ["BalancedDataParallel"]
 

@@ -33,8 +33,8 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from safetorch import _compat
+from safetorch._stack import user_stacklevel
 from safetorch.errors import SafetorchWarning
-from safetorch.nn._stack import user_stacklevel
 
 __all__: List[str] = [
     "SyncBatchNorm",

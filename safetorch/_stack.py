@@ -13,11 +13,11 @@ import sys
 
 import torch
 
-__all__: list[str] = []  # private helper for safetorch.nn and safetorch.data
+__all__: list[str] = []  # private: every SafetorchWarning uses it
 
 _INTERNAL_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
 )
 
 
@@ -31,7 +31,7 @@ def user_stacklevel() -> int:
     Returns:
         The stacklevel to pass to ``warnings.warn``.
 
-    >>> from safetorch.nn._stack import user_stacklevel
+    >>> from safetorch._stack import user_stacklevel
     >>> user_stacklevel()  # called from a doctest: the caller is already user code
     1
     """
