@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import pickle
-import tempfile
 import warnings
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
 
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from safetorch import _compat
+from safetorch._atomic import atomic_write
 from safetorch._stack import user_stacklevel
 from safetorch.checkpoint import _unpickler
 from safetorch.checkpoint.keys import (
@@ -590,57 +590,8 @@ def load_state_dict(
 
 
 # --- saving -----------------------------------------------------------------------------------
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()
-
-
-def _fsync_dir(directory: str) -> None:
-    if os.name != "posix":  # Windows cannot open a directory for fsync
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: PathLike, write: Callable[[str], None]) -> str:
-    """Write a file atomically: ``write(tmp)`` in the same directory, fsync, rename, fsync dir.
-
-    Readers see the old file or the new one, never a partial one, even if the process is
-    killed. The temp file lives next to the target (never in another filesystem, where
-    ``os.replace`` would not be atomic).
-    """
-    target = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        write(tmp)
-        _fsync_file(tmp)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
-    return target
+# atomic_write (safetorch/_atomic.py): temp file in the same directory, fsync, os.replace,
+# fsync the directory -- the one writer shared with `safetorch check --fix`.
 
 
 def _distributed() -> bool:

@@ -13,8 +13,7 @@ import torch
 import torch.distributed as dist
 
 import safetorch as st
-from safetorch import _compat
-from safetorch.checkpoint import io as ckpt_io
+from safetorch import _atomic, _compat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,9 +34,9 @@ def test_atomic_replace_keeps_previous_on_failure(tmp_path):
 
 def test_temp_file_is_in_the_target_directory(tmp_path, monkeypatch):
     seen = []
-    real = ckpt_io.tempfile.mkstemp
+    real = _atomic.tempfile.mkstemp
     monkeypatch.setattr(
-        ckpt_io.tempfile, "mkstemp", lambda **kw: seen.append(kw["dir"]) or real(**kw)
+        _atomic.tempfile, "mkstemp", lambda **kw: seen.append(kw["dir"]) or real(**kw)
     )
     st.save_checkpoint({"w": torch.ones(1)}, tmp_path / "c.pt")
     assert seen == [str(tmp_path)]
