@@ -373,7 +373,7 @@ def _call_site(depth: int) -> int:
     return site
 
 
-def _record(t: torch.Tensor, lo: int, n: int, dim: int, site: int, op: str) -> None:
+def _record(t: torch.Tensor, lo: int, n: int, dim: int, site: int) -> None:
     dev = t.device
     flat = t.reshape(-1).to(torch.int64)
     bad = (flat < lo) | (flat >= n)
@@ -568,7 +568,7 @@ def _getitem_modes(
     for a in ints:
         t = a.tensor.to(x.device) if a.tensor.device != x.device else a.tensor
         if mode == "deferred":
-            _record(t, -a.size, a.size, a.dim, site, "x[index]")
+            _record(t, -a.size, a.size, a.dim, site)
         if mode == "fill":
             v = _valid_mask(t, -a.size, a.size)
             valid = v if valid is None else valid & v
@@ -616,7 +616,6 @@ def _select_like(
     index: torch.Tensor,
     mode: str,
     fill_value: Any,
-    check: Optional[str],
     extra: Dict[str, Any],
 ) -> torch.Tensor:
     if (
@@ -645,7 +644,7 @@ def _select_like(
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
     if mode == "deferred":
-        _record(index, 0, n, d, _call_site(3), op)
+        _record(index, 0, n, d, _call_site(3))
     if n == 0:  # fill into an empty dimension: every position is fill_value
         pad_shape = list(x.shape) if x.dim() else [1]
         pad_shape[d] = 1
@@ -704,7 +703,7 @@ def index_select(
         if not _needs_check(x.device.type, check):
             return _index_select(x, dim, index)
     _validate_mode(mode)
-    return _select_like("index_select", _index_select, x, dim, index, mode, fill_value, check, {})
+    return _select_like("index_select", _index_select, x, dim, index, mode, fill_value, {})
 
 
 def gather(
@@ -748,4 +747,4 @@ def gather(
             return _gather(x, dim, index, sparse_grad=sparse_grad)
     extra: Dict[str, Any] = {"sparse_grad": sparse_grad} if sparse_grad else {}
     _validate_mode(mode)
-    return _select_like("gather", _gather, x, dim, index, mode, fill_value, check, extra)
+    return _select_like("gather", _gather, x, dim, index, mode, fill_value, extra)
