@@ -39,6 +39,7 @@ import torch
 import wrapt
 
 from safetorch import _compat
+from safetorch._stack import user_stacklevel
 from safetorch.errors import SafetorchWarning
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
@@ -189,7 +190,7 @@ def _restore(key: Tuple[str, str, str]) -> None:
             f"safetorch unpatch: {key[1]}.{key[2]} was replaced by another object after "
             f"patch {key[0]!r} wrapped it; leaving that object in place",
             SafetorchWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
         return
     if rec.own:

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, Tuple
 
+from safetorch._stack import user_stacklevel
 from safetorch.errors import CheckpointError, SafetorchWarning
 from safetorch.patching import registry
 
@@ -45,7 +46,7 @@ def _load_state_dict(
             f"safetorch patch 'state_dict': keys not re-mapped ({exc}); "
             "loading with torch's own key matching",
             SafetorchWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         return wrapped(*args, **kwargs)
     renames = {k: v for k, v in match.mapping.items() if k != v}
