@@ -7,28 +7,84 @@ keep working when a torch call is replaced by its safetorch counterpart.
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
 __all__ = [
     "SafetorchWarning",
+    "CheckpointWarning",
+    "DataWarning",
+    "DistributedWarning",
+    "PatchWarning",
+    "ModelWarning",
     "SafetorchError",
     "IndexOutOfBoundsError",
     "DeviceMismatchError",
     "CheckpointError",
     "CheckpointFileNotFoundError",
+    "CheckpointNotSeekableError",
     "UnsafeCheckpointError",
     "CheckpointMismatchError",
 ]
 
 
 class SafetorchWarning(UserWarning):
-    """Category of every warning safetorch emits.
+    """Base category of every warning safetorch emits.
 
-    Filter it like any warning category:
+    Each area has its own subclass (:class:`CheckpointWarning`, :class:`DataWarning`,
+    :class:`DistributedWarning`, :class:`PatchWarning`, :class:`ModelWarning`), so one area can
+    be silenced without the others. Filter them like any warning category:
 
     >>> import warnings, safetorch as st
     >>> warnings.simplefilter("ignore", st.SafetorchWarning)
+    """
+
+
+class CheckpointWarning(SafetorchWarning):
+    """Warnings about checkpoints: full unpickles, renamed keys, skipped entries.
+
+    >>> import warnings, safetorch as st
+    >>> warnings.simplefilter("ignore", st.CheckpointWarning)
+    >>> issubclass(st.CheckpointWarning, st.SafetorchWarning)
+    True
+    """
+
+
+class DataWarning(SafetorchWarning):
+    """Warnings about data loading: DataLoader settings, pinned memory, batch types.
+
+    >>> import warnings, safetorch as st
+    >>> warnings.simplefilter("ignore", st.DataWarning)
+    >>> issubclass(st.DataWarning, st.SafetorchWarning)
+    True
+    """
+
+
+class DistributedWarning(SafetorchWarning):
+    """Warnings about distributed training: process groups, SyncBatchNorm, DataParallel.
+
+    >>> import safetorch as st
+    >>> issubclass(st.DistributedWarning, st.SafetorchWarning)
+    True
+    """
+
+
+class PatchWarning(SafetorchWarning):
+    """Warnings from monkeypatch mode (``st.patch()``, ``safetorch run``).
+
+    >>> import safetorch as st
+    >>> issubclass(st.PatchWarning, st.SafetorchWarning)
+    True
+    """
+
+
+class ModelWarning(SafetorchWarning):
+    """Warnings about model structure and layers (BatchNorm, upsampling, lint findings).
+
+    >>> import safetorch as st
+    >>> issubclass(st.ModelWarning, st.SafetorchWarning)
+    True
     """
 
 
@@ -84,6 +140,18 @@ class CheckpointFileNotFoundError(CheckpointError, FileNotFoundError):
     ... except FileNotFoundError as e:
     ...     print(type(e).__name__)
     CheckpointFileNotFoundError
+    """
+
+
+class CheckpointNotSeekableError(CheckpointError, io.UnsupportedOperation):
+    """The file object cannot seek (a pipe, a socket, a streamed response).
+
+    Also an :class:`io.UnsupportedOperation`, what ``torch.load`` raises there; pre-load the
+    data into ``io.BytesIO``.
+
+    >>> import io, safetorch as st
+    >>> issubclass(st.CheckpointNotSeekableError, io.UnsupportedOperation)
+    True
     """
 
 

@@ -15,7 +15,19 @@ import math
 import os
 import pickle
 import warnings
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple, Union
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+)
 
 import torch
 from torch import nn
@@ -38,8 +50,9 @@ from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
     CheckpointMismatchError,
+    CheckpointNotSeekableError,
+    CheckpointWarning,
     SafetorchError,
-    SafetorchWarning,
     UnsafeCheckpointError,
 )
 
@@ -97,124 +110,66 @@ def _quiet_torch_load(*args: Any, **kwargs: Any) -> Any:
 
 
 # --- branch binding (see _compat.register_binder) -------------------------------------------
-_load_weights_only: Callable[..., Any]
-_load_trusted: Callable[..., Any]
+_defer_to_torch: bool
 _load_restricted_impl: Callable[..., Any]
 _mmap_supported: bool
 _assign_supported: bool
 
 
-def _mmap_kwargs(use_mmap: bool) -> Dict[str, Any]:
-    return {"mmap": True} if use_mmap else {}
-
-
-def _load_restricted(f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]) -> Any:
-    """Load with safetorch's restricted unpickler (torch < 1.13, or globals torch cannot scope)."""
-    return _load_restricted_impl(f, map_location, use_mmap, extra)
-
-
-def _load_restricted_via_torch_load(
-    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]
+def _load_restricted(
+    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any], encoding: str
 ) -> Any:
-    """torch.load(pickle_module=<restricted>) where torch honours it (torch >= 2.0).
+    """Load with safetorch's restricted unpickler (see _unpickler's opcode policy).
 
-    Leaving ``weights_only`` unset is right: from 2.6 on its default resolves to False when a
-    pickle_module is given, and before that it is False.
-    """
-    module = _unpickler.make_restricted_pickle_module(extra)
-    return _quiet_torch_load(
-        f, map_location=map_location, pickle_module=module, **_mmap_kwargs(use_mmap)
-    )
-
-
-def _load_restricted_own(
-    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]
-) -> Any:
-    """torch 1.13 ignores ``torch.load(pickle_module=)`` unless weights_only=True (it unpickles
-    with plain pickle), and torch < 1.13 has no weights_only: drive torch's format readers
-    ``_load`` (zip) / ``_legacy_load`` ourselves. Both subclass ``pickle_module.Unpickler``, so
-    every global goes through the restricted ``find_class`` (same signatures 1.6 to 2.x). No mmap.
+    torch's own format readers ``_load`` (zip) / ``_legacy_load`` do the file work: both
+    subclass ``pickle_module.Unpickler`` and set its ``persistent_load``, so every opcode goes
+    through the restricted unpickler (same signatures 1.13 to 2.x). Calling them directly,
+    rather than ``torch.load(pickle_module=...)``, keeps the path independent of torch.load's
+    defaults and environment switches (TORCH_FORCE_WEIGHTS_ONLY_LOAD) and of its TorchScript
+    and tar dispatch, which ``load`` has already refused.
     """
     module = _unpickler.make_restricted_pickle_module(extra)
     ser: Any = torch.serialization  # private readers, not in torch's type stubs
     with _torch_internals_quiet(), ser._open_file_like(f, "rb") as opened:
         if ser._is_zipfile(opened):
             with ser._open_zipfile_reader(opened) as archive:
-                return ser._load(archive, map_location, module, encoding="utf-8")
-        return ser._legacy_load(opened, map_location, module, encoding="utf-8")
+                kwargs: Dict[str, Any] = {}
+                if use_mmap:  # MAP_PRIVATE, as torch.load(mmap=True) by default
+                    kwargs["overall_storage"] = torch.UntypedStorage.from_file(
+                        os.fspath(f), False, os.path.getsize(f)
+                    )
+                return ser._load(archive, map_location, module, encoding=encoding, **kwargs)
+        return ser._legacy_load(opened, map_location, module, encoding=encoding)
 
 
-def _allow_objects(extra: Mapping[str, Any]) -> list:
-    objs = []
-    for name, obj in extra.items():
-        if obj is None:
-            try:
-                obj = _unpickler.import_global(name)
-            except (ImportError, AttributeError):
-                continue  # not importable here: the file cannot use it either
-        objs.append((obj, name))
-    return objs
-
-
-def _load_torch_scoped(f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]) -> Any:
-    """torch >= 2.5: torch's weights-only unpickler with the extra globals scoped to this call."""
-    with torch.serialization.safe_globals(_allow_objects(extra)):
-        return _quiet_torch_load(
-            f, map_location=map_location, weights_only=True, **_mmap_kwargs(use_mmap)
-        )
-
-
-def _load_torch_then_restricted(
-    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any]
-) -> Any:
-    """torch 1.13-2.4: torch's weights-only load; if it refuses only globals the caller allowed
-    (torch cannot scope an allow-list to one call), reload with the restricted unpickler."""
-    start = f.tell() if hasattr(f, "tell") else None
-    try:
-        return _quiet_torch_load(
-            f, map_location=map_location, weights_only=True, **_mmap_kwargs(use_mmap)
-        )
-    except pickle.UnpicklingError:
-        if start is not None:
-            f.seek(start)
-        names, _ = _unpickler.scan_globals(f)
-        beyond_torch = _unpickler.unsafe_globals(names, {})
-        if not extra or not beyond_torch or _unpickler.unsafe_globals(beyond_torch, extra):
-            raise
-        if start is not None:
-            f.seek(start)
-        return _load_restricted(f, map_location, use_mmap, extra)
-
-
-def _load_full_old(f: Any, map_location: Any, use_mmap: bool) -> Any:
-    return _quiet_torch_load(f, map_location=map_location, **_mmap_kwargs(use_mmap))
-
-
-def _load_full(f: Any, map_location: Any, use_mmap: bool) -> Any:
+def _load_torch_weights_only(f: Any, map_location: Any, use_mmap: bool) -> Any:
+    """torch >= 2.6: torch's own weights-only unpickler (defer to it where it is as strict)."""
     return _quiet_torch_load(
-        f, map_location=map_location, weights_only=False, **_mmap_kwargs(use_mmap)
+        f, map_location=map_location, weights_only=True, **_mmap_kwargs(use_mmap)
     )
+
+
+def _load_full(f: Any, map_location: Any, pickle_module: Any, use_mmap: bool, encoding: str) -> Any:
+    kwargs: Dict[str, Any] = dict(_mmap_kwargs(use_mmap), encoding=encoding)
+    if pickle_module is not None:
+        kwargs["pickle_module"] = pickle_module
+    if _compat.LOAD_HAS_WEIGHTS_ONLY:
+        kwargs["weights_only"] = False
+    return _quiet_torch_load(f, map_location=map_location, **kwargs)
+
+
+def _mmap_kwargs(use_mmap: bool) -> Dict[str, Any]:
+    return {"mmap": True} if use_mmap else {}
 
 
 @_compat.register_binder
 def _bind() -> None:
-    global _load_weights_only, _load_trusted, _load_restricted_impl
-    global _mmap_supported, _assign_supported
-    if not _compat.LOAD_HAS_WEIGHTS_ONLY:  # torch < 1.13
-        _load_weights_only = _load_restricted
-        _load_trusted = _load_full_old
-    elif _compat.HAS_SAFE_GLOBALS_CTX:  # torch >= 2.5
-        _load_weights_only = _load_torch_scoped
-        _load_trusted = _load_full
-    else:  # torch 1.13 - 2.4
-        _load_weights_only = _load_torch_then_restricted
-        _load_trusted = _load_full
-    # torch 1.13 ignores pickle_module without weights_only=True; torch < 1.13 lacks the flag.
-    _load_restricted_impl = (
-        _load_restricted_via_torch_load
-        if _compat.LOAD_HONOURS_PICKLE_MODULE
-        else _load_restricted_own
-    )
+    global _defer_to_torch, _mmap_supported, _assign_supported
+    # torch 2.6 (the release whose weights-only loader refuses TorchScript archives, the fix for
+    # CVE-2025-32434, and made weights_only the default): from there on torch's weights-only
+    # unpickler is at least as strict as ours for every opcode it supports, so files that only
+    # need torch's own allow-list and opcodes go to it. Older torch always uses ours.
+    _defer_to_torch = _compat.LOAD_WEIGHTS_ONLY_DEFAULT_TRUE
     _mmap_supported = _compat.LOAD_HAS_MMAP  # torch >= 2.1
     _assign_supported = _compat.LOAD_STATE_DICT_HAS_ASSIGN  # torch >= 2.1
 
@@ -231,7 +186,27 @@ def _display(f: Any) -> str:
     return repr(name) if isinstance(name, str) else f"<{type(f).__name__}>"
 
 
-def _head(f: Any, n: int = 16) -> bytes:
+def _check_file_argument(f: Any, function: str = "st.load") -> None:
+    if _is_path(f):
+        return
+    if not (callable(getattr(f, "read", None)) and callable(getattr(f, "seek", None))):
+        raise TypeError(
+            f"{function}: f must be a path (str or os.PathLike) or a binary file object with "
+            f"read() and seek(), got {type(f).__name__} {f!r:.80}"
+        )
+    seekable = getattr(f, "seekable", None)
+    if callable(seekable) and not seekable():
+        raise CheckpointNotSeekableError(
+            f"cannot load checkpoint {_display(f)}: the file object is not seekable. You can "
+            "only torch.load from a file that is seekable. Please pre-load the data into a "
+            "buffer like io.BytesIO and try to load from it instead."
+        )
+
+
+_HEAD_BYTES = 512  # a tar header is 512 bytes; its "ustar" magic sits at offset 257
+
+
+def _head(f: Any, n: int = _HEAD_BYTES) -> bytes:
     if _is_path(f):
         with open(f, "rb") as fh:
             return fh.read(n)
@@ -251,52 +226,8 @@ def _looks_like_safetensors(f: Any, head: bytes) -> bool:
     return False
 
 
-# What torch raises on a damaged file (PytorchStreamReader errors, short reads, bad pickles).
-# Anything else (ValueError, TypeError, a warning raised as an error, ...) from a file whose
-# structure checks out is not the file's fault and propagates unchanged.
-_READ_ERRORS = (RuntimeError, EOFError, OSError, pickle.UnpicklingError)
-
-
-def _diagnose(f: Any, head: bytes, exc: BaseException) -> Optional[str]:
-    """What is wrong with a file torch.load failed on (read-only look, executes nothing).
-
-    ``None`` when the file looks intact and ``exc`` is not a read error: then the failure is
-    not the file's and the caller re-raises ``exc``.
-    """
-    import zipfile
-
-    if not head:
-        return "the file is empty"
-    read_error = isinstance(exc, _READ_ERRORS) and not isinstance(exc, Warning)
-    if head.startswith(_ZIP_MAGIC):
-        try:
-            if not _is_path(f):
-                f.seek(f.tell())
-            with zipfile.ZipFile(f) as archive:
-                names = archive.namelist()
-                pkls = [n for n in names if n.endswith("data.pkl")]
-                bad_member = archive.testzip() if pkls else None  # CRC of every member
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-            return "the zip archive is truncated or corrupt (its central directory is unreadable)"
-        if not pkls:
-            return (
-                "it is a zip archive without data.pkl, not a torch.save checkpoint "
-                "(TorchScript archives load with torch.jit.load)"
-            )
-        if bad_member is not None:
-            return f"the zip archive is damaged ({bad_member!r} fails its CRC check)"
-        if not _unpickler.scan_globals(f)[1]:
-            return "the zip archive is damaged (its data.pkl pickle is truncated or corrupt)"
-        return "torch could not read the zip archive" if read_error else None
-    if head[:1] == b"\x80":
-        if not _unpickler.scan_globals(f)[1]:
-            return "the pickle stream is truncated or corrupt (legacy torch.save format)"
-        return (
-            "the storage data after the pickle stream is truncated or corrupt (legacy format)"
-            if read_error
-            else None
-        )
-    return f"it is not a PyTorch checkpoint (it starts with {head[:8]!r})"
+def _is_tar(head: bytes) -> bool:
+    return len(head) >= 262 and head[257:262] == b"ustar"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -304,35 +235,72 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _refusal(
-    f: Any, name: str, extra: Mapping[str, Any], start: Optional[int]
-) -> Tuple[Optional[UnsafeCheckpointError], bool]:
-    """(the refusal listing every unsafe global or None, whether the pickle scanned cleanly)."""
-    if start is not None:
-        f.seek(start)
+class _ZipFacts:
+    """What load needs to know about a zip checkpoint, read from its central directory."""
+
+    __slots__ = ("problem", "storages_stored")
+
+    def __init__(self, problem: Optional[str], storages_stored: bool) -> None:
+        self.problem = problem
+        self.storages_stored = storages_stored
+
+
+def _zip_facts(f: Any) -> _ZipFacts:
+    """Central-directory facts (nothing is decompressed): torch's record prefix, whether it is
+    a TorchScript archive, whether data.pkl exists and every storage is stored uncompressed."""
+    import zipfile
+
     try:
-        names, complete = _unpickler.scan_globals(f)
-    except Exception:  # unreadable: not a refusal but a corrupt file
-        return None, False
-    unsafe = _unpickler.unsafe_globals(names, extra)
-    if not unsafe:
-        return None, complete
+        with contextlib.ExitStack() as stack:
+            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else f
+            start = fh.tell()
+            stack.callback(fh.seek, start)
+            archive = stack.enter_context(zipfile.ZipFile(fh))
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError):
+        return _ZipFacts(
+            "the zip archive is truncated or corrupt (its directory is unreadable)", False
+        )
+    names = [i.filename for i in infos]
+    prefix = _unpickler.zip_record_prefix(names)
+    if f"{prefix}/constants.pkl" in names:
+        return _ZipFacts(
+            "it is a TorchScript archive (torch.jit.save), not a torch.save checkpoint; load it "
+            "with torch.jit.load, which runs the TorchScript code it contains: only for files "
+            "you trust",
+            False,
+        )
+    if f"{prefix}/data.pkl" not in names:
+        return _ZipFacts("it is a zip archive without data.pkl, not a torch.save checkpoint", False)
+    data = f"{prefix}/data/"
+    stored = all(
+        i.compress_type == zipfile.ZIP_STORED for i in infos if i.filename.startswith(data)
+    )
+    return _ZipFacts(None, stored)
+
+
+def _refusal_message(name: str, unsafe: List[str]) -> str:
     dangerous = [n for n in unsafe if n in _unpickler.KNOWN_DANGEROUS]
-    call = f"st.load({name}, allow={unsafe!r})"
+    listed = ", ".join(unsafe)
     message = (
         f"refused to load {name}: it references {len(unsafe)} global(s) outside the "
-        f"weights-only allow-list: {', '.join(unsafe)}. Nothing from the file was executed."
+        f"weights-only allow-list: {listed}. Nothing from the file was executed."
     )
     if dangerous:
         message += (
             f" {', '.join(dangerous)} can run arbitrary code: do not allow them unless you "
             "wrote this file yourself."
         )
+    flags = " ".join(f"--allow {n}" for n in unsafe)
     message += (
-        f" If you trust the file and these globals, load it with {call}; to load a fully "
-        f"trusted file use st.load({name}, weights_only=False)."
+        f" If you trust the file and these globals, allow them for this load: "
+        f"st.load({name}, allow={unsafe!r}); or register them with torch: "
+        f"torch.serialization.add_safe_globals([...]) or `with "
+        f"torch.serialization.safe_globals([...]):`; under `safetorch run`: {flags} (or "
+        f"SAFETORCH_ALLOW={','.join(unsafe)}). To load a fully trusted file: "
+        "weights_only=False."
     )
-    return UnsafeCheckpointError(message, tuple(unsafe)), complete
+    return message
 
 
 def _load_safetensors(f: Any, name: str, map_location: Any) -> Any:
@@ -355,45 +323,122 @@ def _load_safetensors(f: Any, name: str, map_location: Any) -> Any:
         ) from None
 
 
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "rebuilding its tensors ran out of memory (the file asks for huge sizes)"
+    if isinstance(exc, (EOFError, pickle.UnpicklingError)):
+        return "its pickle data is truncated or corrupt"
+    text = str(exc)
+    if "PytorchStreamReader" in text or "CRC" in text or "zip" in text.lower():
+        return "the zip archive is damaged (a storage record is truncated or corrupt)"
+    if isinstance(exc, (RuntimeError, OSError)):
+        return "torch could not rebuild its tensors (truncated or corrupt storage data)"
+    return "its contents are malformed"
+
+
 def load(
     f: FileLike,
-    *,
     map_location: Any = "cpu",
-    weights_only: bool = True,
+    pickle_module: Any = None,
+    *,
+    weights_only: Optional[bool] = None,
     mmap: Optional[bool] = None,
     allow: Iterable[Any] = (),
+    encoding: str = "utf-8",
 ) -> Any:
-    """Load a checkpoint safely: weights-only on every torch, CPU by default, mmap when possible.
+    """Load a checkpoint safely: weights-only on every torch, CPU by default, never less strict
+    than ``torch.load(weights_only=True)`` of the newest torch.
+
+    Arguments follow ``torch.load``'s order. Every pickle goes through a weights-only unpickler:
+    torch's own on torch >= 2.6 when the file needs nothing beyond torch's allow-list, else
+    safetorch's (same opcode policy or stricter; see ``safetorch/checkpoint/_unpickler.py``).
+    ``allow=`` applies to this call only: no other thread or later call sees it.
 
     Args:
         f: a path or a seekable binary file object (``torch.save`` zip or legacy format, or a
             ``.safetensors`` file).
         map_location: where tensors go, as for ``torch.load``; ``"cpu"`` by default so a
             checkpoint saved on a GPU loads on a CPU-only machine.
-        weights_only: only tensors, containers and allow-listed classes are rebuilt. ``False``
-            runs arbitrary pickle code: use it only for trusted files (a SafetorchWarning says so).
-        mmap: memory-map the file instead of reading it. ``None`` (default) maps zip-format
-            files given by path on torch >= 2.1 and silently reads everything else.
-        allow: extra globals allowed with ``weights_only=True``, as classes/functions or
-            ``"module.Name"`` strings. ``argparse.Namespace`` is always allowed.
+        pickle_module: ``None`` or the standard ``pickle`` module (both load weights-only);
+            any other module (e.g. ``dill``) unpickles fully and needs ``weights_only=False``.
+        weights_only: ``None`` (default) or ``True``: only tensors, containers and
+            allow-listed classes are rebuilt. ``False`` runs arbitrary pickle code: use it
+            only for trusted files (a CheckpointWarning says so).
+        mmap: ``True`` memory-maps the storages (torch >= 2.1, zip files given by path, and
+            only uncompressed storages; otherwise the file is read, with a warning). The
+            returned tensors then change if the file is rewritten later. ``None``/``False``
+            read the file into memory.
+        allow: extra globals allowed for this call, as classes/functions or ``"module.Name"``
+            strings. ``argparse.Namespace`` is always allowed.
+        encoding: for Python 2 strings in old checkpoints, as ``torch.load`` (e.g.
+            ``"latin1"``).
 
     Returns:
         The loaded object.
 
     Raises:
-        UnsafeCheckpointError: the file references globals outside the allow-list; the error
-            lists every one of them and the call that would allow them; nothing was executed.
-        CheckpointError: the file is empty, truncated, corrupt or not a checkpoint (also a
-            FileNotFoundError when it does not exist).
+        UnsafeCheckpointError: the file references globals or pickle operations outside the
+            weights-only policy; the error lists every unsafe global and each way to allow
+            them; nothing was executed.
+        CheckpointError: the file is empty, truncated, corrupt, not a checkpoint, a TorchScript
+            or legacy tar archive, or its tensors cannot be rebuilt (also a FileNotFoundError
+            when it does not exist, an io.UnsupportedOperation when it is not seekable).
+        TypeError: ``f`` is neither a path nor a binary file object.
 
     >>> import io, torch, safetorch as st
     >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
     >>> st.load(buf)
     {'w': tensor([1., 1.])}
     """
+    return _load(
+        f,
+        map_location,
+        pickle_module,
+        weights_only=weights_only,
+        mmap=mmap,
+        allow=allow,
+        encoding=encoding,
+        mmap_for_copy=False,
+    )
+
+
+def _load(
+    f: Any,
+    map_location: Any,
+    pickle_module: Any,
+    *,
+    weights_only: Optional[bool],
+    mmap: Optional[bool],
+    allow: Iterable[Any],
+    encoding: str,
+    mmap_for_copy: bool,
+) -> Any:
+    _check_file_argument(f)
+    if weights_only not in (None, True, False):
+        raise TypeError(
+            f"st.load: weights_only must be None, True or False, got "
+            f"{type(weights_only).__name__} {weights_only!r}"
+        )
+    if not isinstance(encoding, str):
+        raise TypeError(f"st.load: encoding must be a str, got {type(encoding).__name__}")
+    if pickle_module is pickle:
+        pickle_module = None  # the standard module: torch's default; load it weights-only
+    safe = weights_only is not False
+    name = _display(f)
+    if pickle_module is not None and safe:
+        raise ValueError(
+            f"st.load({name}, pickle_module={getattr(pickle_module, '__name__', pickle_module)})"
+            " unpickles fully, which can run arbitrary code; pass weights_only=False as well "
+            "if you trust the file, or drop pickle_module to load it weights-only"
+        )
+    extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
     src: Any = f
-    name = _display(src)
     if _is_path(src):
+        if os.path.isdir(src):
+            raise CheckpointError(
+                f"cannot load checkpoint {name}: it is a directory; pass the checkpoint file "
+                "inside it"
+            )
         try:
             size = os.path.getsize(src)
         except FileNotFoundError:
@@ -411,52 +456,113 @@ def load(
     if _looks_like_safetensors(src, head):
         return _load_safetensors(src, name, map_location)
     is_zip = head.startswith(_ZIP_MAGIC)
-    use_mmap = bool(_mmap_supported and is_zip and _is_path(src) and mmap is not False)
+    facts = _zip_facts(src) if is_zip else None
+    want_mmap = bool(mmap) or (mmap_for_copy and mmap is not False)
+    use_mmap = bool(
+        want_mmap and _mmap_supported and facts and facts.storages_stored and _is_path(src)
+    )
     if mmap and not use_mmap:
-        logger.info("mmap not possible for %s (legacy format, file object or torch < 2.1)", name)
+        if facts is not None and facts.problem is None and not facts.storages_stored:
+            warnings.warn(
+                f"mmap=True ignored for {name}: its storages are compressed and a map would "
+                "return the compressed bytes; the file is read instead",
+                CheckpointWarning,
+                stacklevel=user_stacklevel(),
+            )
+        else:
+            logger.info(
+                "mmap not possible for %s (legacy format, file object or torch < 2.1)", name
+            )
     if use_mmap:
         src = os.fspath(src)  # torch 2.1-2.5's mmap path accepts only str (isinstance(f, str))
-    extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
-    if not weights_only:
+
+    if not safe:
         warnings.warn(
             f"loading {name} with weights_only=False: unpickling can run arbitrary code; "
             "do this only for files you trust",
-            SafetorchWarning,
+            CheckpointWarning,
             stacklevel=user_stacklevel(),
         )
-    try:
-        if not weights_only:
-            return _load_trusted(src, map_location, use_mmap)
-        return _load_weights_only(src, map_location, use_mmap, extra)
-    except SafetorchError:
-        raise
-    except Exception as exc:
-        if weights_only and (
-            isinstance(exc, pickle.UnpicklingError) or _unpickler.is_refused_global(exc)
-        ):
-            refusal, clean = _refusal(src, name, extra, start)
-            if refusal is not None:
-                raise refusal from None
-            if clean and _load_weights_only is not _load_restricted:
-                # Only allowed globals, yet torch's weights-only unpickler gave up (e.g. it
-                # lacks protocol-4 FRAME support): the restricted unpickler is as strict.
-                logger.debug("torch refused %s (%s); retrying restricted", name, exc)
-                if start is not None:
-                    src.seek(start)
-                try:
-                    return _load_restricted(src, map_location, use_mmap, extra)
-                except Exception as retry_exc:
-                    exc = retry_exc
-        if start is not None:
-            src.seek(start)
-        problem = _diagnose(src, head, exc)
-        if start is not None:
-            src.seek(start)
-        if problem is None:  # the file is intact: not a file problem, torch's error as is
-            raise exc
+        return _wrap_failures(
+            name, lambda: _load_full(src, map_location, pickle_module, use_mmap, encoding)
+        )
+
+    if facts is not None and facts.problem is not None:
+        raise CheckpointError(f"cannot load checkpoint {name}: {facts.problem}")
+    if not is_zip:
+        if _is_tar(head):
+            raise CheckpointError(
+                f"cannot load checkpoint {name}: it is in the legacy tar format of torch < 0.4, "
+                "which cannot be loaded weights-only. If you trust the file, load it with "
+                "weights_only=False and re-save it with st.save_checkpoint"
+            )
+        if head[:1] != b"\x80":
+            raise CheckpointError(
+                f"cannot load checkpoint {name}: it is not a PyTorch checkpoint (it starts "
+                f"with {head[:8]!r})"
+            )
+    scan = _unpickler.scan_file(src)
+    if start is not None:
+        src.seek(start)
+    unsafe = _unpickler.unsafe_globals(scan.globals, extra)
+    if unsafe:
+        raise UnsafeCheckpointError(_refusal_message(name, unsafe), tuple(unsafe))
+    if scan.refused is not None:
+        raise UnsafeCheckpointError(
+            f"refused to load {name}: it uses {scan.refused}, which weights-only loading "
+            "refuses; nothing from the file was executed. To load a fully trusted file: "
+            "weights_only=False."
+        )
+    if not scan.complete:
         raise CheckpointError(
-            f"cannot load checkpoint {name}: {problem} ({_first_line(exc)})"
-        ) from None
+            f"cannot load checkpoint {name}: {scan.stopped or 'its pickle data is corrupt'}"
+        )
+    defer = (
+        _defer_to_torch
+        and scan.torch_opcodes_only
+        and encoding == "utf-8"
+        and not _unpickler.unsafe_globals(scan.globals, {k: None for k in _user_globals()})
+        and not set(scan.globals) & (set(extra) | _STRICTER_HERE)
+    )
+    if defer:
+        return _wrap_failures(name, lambda: _load_torch_weights_only(src, map_location, use_mmap))
+    return _wrap_failures(
+        name, lambda: _load_restricted(src, map_location, use_mmap, extra, encoding)
+    )
+
+
+# Globals whose REDUCE ours checks more strictly than torch (bytearray(<int>) allocates).
+_STRICTER_HERE = frozenset({"builtins.bytearray"})
+
+
+def _user_globals() -> Dict[str, Any]:
+    return _unpickler.user_safe_globals()
+
+
+def _wrap_failures(name: str, run: Callable[[], Any]) -> Any:
+    """Run a load; every failure becomes a CheckpointError naming the file and the reason."""
+    try:
+        return run()
+    except (SafetorchError, Warning):
+        raise  # ours already, or a warning the caller turned into an error
+    except _unpickler.RefusedGlobal as exc:
+        raise UnsafeCheckpointError(_refusal_message(name, [exc.name]), (exc.name,)) from None
+    except (_unpickler.RefusedOpcode, pickle.UnpicklingError) as exc:
+        text = str(exc)
+        if isinstance(exc, _unpickler.RefusedOpcode) or "Weights only load failed" in text:
+            # torch's message wraps its unpickler's reason after "WeightsUnpickler error:".
+            reason = text.rsplit("WeightsUnpickler error:", 1)[-1].strip().splitlines()[0]
+            raise UnsafeCheckpointError(
+                f"refused to load {name}: {reason}; nothing from the file was executed. To "
+                "load a fully trusted file: weights_only=False."
+            ) from None
+        raise CheckpointError(
+            f"cannot load checkpoint {name}: {_failure_reason(exc)} ({_first_line(exc)})"
+        ) from exc
+    except Exception as exc:  # MemoryError included (an Exception subclass)
+        raise CheckpointError(
+            f"cannot load checkpoint {name}: {_failure_reason(exc)} ({_first_line(exc)})"
+        ) from exc
 
 
 # --- st.load_state_dict -----------------------------------------------------------------------
@@ -534,7 +640,38 @@ def load_state_dict(
             "assign=True needs torch >= 2.1 (Module.load_state_dict(assign=)); upgrade torch "
             "or leave assign unset"
         )
-    obj = source if isinstance(source, Mapping) else load(source)
+    if not isinstance(model, nn.Module):
+        swapped = isinstance(source, nn.Module)
+        raise TypeError(
+            f"st.load_state_dict: model must be a torch.nn.Module, got {type(model).__name__}"
+            + (
+                "; the arguments look swapped: call st.load_state_dict(model, source)"
+                if swapped
+                else ""
+            )
+        )
+    if isinstance(source, nn.Module):
+        raise TypeError(
+            "st.load_state_dict: source must be a path, a file object or a state dict, got a "
+            f"{type(source).__name__} module; pass source.state_dict() to copy a module's weights"
+        )
+    # Storages may be memory-mapped here (zip files by path, uncompressed, torch >= 2.1): the
+    # in-place copy into the model below happens before this call returns. Not with assign=True,
+    # where the model would keep the mapped tensors.
+    obj = (
+        source
+        if isinstance(source, Mapping)
+        else _load(
+            source,
+            "cpu",
+            None,
+            weights_only=True,
+            mmap=None,
+            allow=(),
+            encoding="utf-8",
+            mmap_for_copy=not assign,
+        )
+    )
     state_dict, source_key = find_state_dict(obj, key)
     target = model.state_dict(keep_vars=True)
     state_dict, n_averaged = _split_n_averaged(state_dict, target.keys())

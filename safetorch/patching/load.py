@@ -1,26 +1,36 @@
-"""Patch ``load``: ``torch.load`` with st.load's semantics, keeping torch.load's signature.
+"""Patch ``load``: ``torch.load`` with st.load's semantics, keeping torch.load's contract.
 
-* ``weights_only`` defaults to True on every torch (torch < 2.6 defaults to False); an
-  explicit ``weights_only=False`` is the caller's decision and is honoured.
+* ``weights_only`` unset or ``None`` means weights-only on every torch (torch < 2.6 defaults to
+  a full unpickle); an explicit ``weights_only=False`` is the caller's decision and is honoured.
+* ``pickle_module=pickle`` (the standard module, torch's own default) loads weights-only
+  through ``st.load``, as torch >= 2.6 would load the file. Any other ``pickle_module`` (e.g.
+  ``dill``) is passed to torch untouched: it unpickles fully, so the call is recorded in the
+  patch report and warned about.
+* ``encoding=`` (Python 2 checkpoints) reaches st.load's unpickler; other pickle arguments
+  only matter to a full unpickle and go to torch with ``weights_only=False``.
 * With ``map_location`` unset and no CUDA, storages saved on CUDA are mapped to the CPU
   instead of failing ("Attempting to deserialize object on a CUDA device but
   torch.cuda.is_available() is False"); a file saved on CPU loads exactly as before.
   Detection is exact: ``map_location`` becomes a callable that sees every storage's location.
-* The call goes to ``st.load`` (torch's own weights_only loader where it exists, safetorch's
-  restricted unpickler where it does not, clear errors for corrupt files). Calls that pass
-  torch.load-only options st.load does not take (``pickle_module``, pickle keyword
-  arguments, ``weights_only=False``) reach torch's original with the same two defaults fixed.
+* Globals named with ``safetorch run --allow`` / ``SAFETORCH_ALLOW`` are allowed for these
+  loads (``registry.allowed_globals()``); torch's ``add_safe_globals`` registrations too.
+* Tensors are read into memory unless the caller passes ``mmap=True`` (as torch): a later
+  ``torch.save`` over the same path never changes what an earlier ``torch.load`` returned.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pickle
+import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from safetorch import _compat
+from safetorch._stack import user_stacklevel
+from safetorch.errors import PatchWarning
 from safetorch.patching import registry
 
 __all__: list = []
@@ -89,6 +99,25 @@ def _torch_load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict
     mmap = a.get("mmap")
     extra = dict(a.get("pickle_load_args") or {})
 
+    if pickle_module is not None and pickle_module is not pickle:
+        # A custom unpickler (dill, ...) is the caller's explicit choice: torch gets the call
+        # exactly as written, and the report and a warning say it is a full unpickle.
+        module_name = getattr(pickle_module, "__name__", type(pickle_module).__name__)
+        registry.record(
+            _NAME,
+            f"custom pickle_module={module_name} passed to torch.load untouched",
+            "a full unpickle: it can run arbitrary code",
+        )
+        warnings.warn(
+            f"torch.load(pickle_module={module_name}) unpickles fully and can run arbitrary "
+            "code; safetorch passes it to torch untouched. Drop pickle_module to load "
+            "weights-only.",
+            PatchWarning,
+            stacklevel=user_stacklevel(),
+        )
+        with registry.reentry(_NAME):
+            return wrapped(*args, **kwargs)
+
     if weights_only is None:
         weights_only = True
         if _DEFAULT_NOTE is not None:
@@ -98,13 +127,21 @@ def _torch_load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict
         map_location = to_cpu = _CudaToCpu()
 
     with registry.reentry(_NAME):
-        if weights_only is False or pickle_module is not None or extra:
+        if weights_only is False:
             if mmap is not None:
                 extra["mmap"] = mmap
-            result = _call_original(wrapped, f, map_location, pickle_module, weights_only, extra)
+            result = _call_original(wrapped, f, map_location, None, weights_only, extra)
         else:
+            encoding = extra.pop("encoding", "utf-8")
             registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
-            result = _checkpoint.load(f, map_location=map_location, weights_only=True, mmap=mmap)
+            result = _checkpoint.load(
+                f,
+                map_location,
+                weights_only=True,
+                mmap=mmap,
+                encoding=encoding,
+                allow=registry.allowed_globals(),
+            )
     if to_cpu is not None and to_cpu.mapped:
         registry.record(
             _NAME,

@@ -20,16 +20,17 @@ from safetorch import _compat
 from safetorch.checkpoint import _unpickler
 from safetorch.checkpoint import io as ckpt_io
 
-# Which st.load branch runs: the installed torch (2.5+: safe_globals scoped to the call),
-# torch 1.13-2.4 (torch's weights_only, restricted unpickler for extra allows), torch 1.13
-# (the same, but torch.load ignores pickle_module: the restricted unpickler drives torch's
-# format readers itself), and torch without weights_only (safetorch's restricted unpickler on
-# the real file). Branches only turn flags off: a feature the installed torch lacks cannot be
-# simulated.
+# Which st.load branch runs: the installed torch (>= 2.6: torch's own weights-only unpickler
+# for files that need nothing beyond torch's allow-list and opcodes, safetorch's restricted
+# unpickler otherwise), torch 1.13-2.5 (always safetorch's restricted unpickler driving torch's
+# format readers), torch 1.13 (the same, no mmap/assign) and torch without weights_only.
+# Branches only turn flags off: a feature the installed torch lacks cannot be simulated.
 BRANCHES = {
     "installed": {},
-    "torch_1.13_to_2.4": {"HAS_SAFE_GLOBALS_CTX": False, "HAS_ADD_SAFE_GLOBALS": False},
+    "torch_1.13_to_2.5": {"LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False, "HAS_GET_UNSAFE_GLOBALS": False},
     "torch_1.13": {
+        "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False,
+        "HAS_GET_UNSAFE_GLOBALS": False,
         "HAS_SAFE_GLOBALS_CTX": False,
         "HAS_ADD_SAFE_GLOBALS": False,
         "LOAD_HONOURS_PICKLE_MODULE": False,
@@ -82,13 +83,9 @@ def test_roundtrip_every_branch(tmp_path, simulate_torch, branch, fmt, monkeypat
         "misc": {"set": {1, 2}, "bytes": b"x", "tuple": (1.5, None), "dtype": torch.float16},
     }
     path = _save(ckpt, tmp_path / "c.pt", fmt)
-    # The restricted unpickler runs wherever torch cannot scope the Namespace allow to one call
-    # (no safe_globals context: every simulated branch, and an installed torch < 2.5), and for
-    # protocol 4, whose FRAME opcode torch's weights-only unpickler lacks: the scan finds only
-    # allowed globals, so the restricted unpickler loads it there too.
-    expect_restricted = (
-        branch != "installed" or not _compat.HAS_SAFE_GLOBALS_CTX or fmt == "zip_protocol4"
-    )
+    # argparse.Namespace is in safetorch's allow-list, not torch's: the restricted unpickler
+    # loads this file on every branch.
+    expect_restricted = True
     calls = []
     real = _unpickler.make_restricted_pickle_module
     monkeypatch.setattr(
@@ -205,32 +202,41 @@ def test_raw_pickle_stack_global(tmp_path, simulate_torch, canary, branch):
     assert not os.path.exists(canary)
 
 
-@pytest.mark.parametrize("honours", [True, False], ids=["via_torch_load", "own_reader"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("kind", ["os.system", "eval", "__import__"])
-def test_restricted_loader_itself_refuses(tmp_path, simulate_torch, canary, honours, fmt, kind):
-    """The restricted load (not only the static scan in front of it) refuses every payload.
-
-    torch 1.13 ignores torch.load(pickle_module=) unless weights_only=True, so there the
-    restricted unpickler must drive torch's readers itself (``own_reader``); ``via_torch_load``
-    runs only where torch honours pickle_module.
-    """
-    if honours and not _compat.LOAD_HONOURS_PICKLE_MODULE:
-        pytest.skip("torch.load ignores pickle_module on this torch (1.13.x)")
+def test_restricted_loader_itself_refuses(tmp_path, canary, fmt, kind):
+    """The restricted load (not only the static scan in front of it) refuses every payload."""
     payload, expected = _payloads(canary)[kind]
     path = _save(_nested(payload), tmp_path / "evil.pt", fmt)
     extra = _unpickler.resolve_allowed(_unpickler.DEFAULT_EXTRA_ALLOWED)
-    with simulate_torch(LOAD_HONOURS_PICKLE_MODULE=honours and _compat.LOAD_HONOURS_PICKLE_MODULE):
-        with pytest.raises(pickle.UnpicklingError) as info:
-            ckpt_io._load_restricted(str(path), "cpu", False, extra)
+    with pytest.raises(pickle.UnpicklingError) as info:
+        ckpt_io._load_restricted(str(path), "cpu", False, extra, "utf-8")
     assert _unpickler.is_refused_global(info.value), info.value
     assert info.value.name in expected | {"builtins.getattr", "builtins.__import__"}
     assert not os.path.exists(canary)
     # and it loads what it may: tensors, containers, the default-allowed Namespace
     good = _save({"w": torch.arange(3.0), "args": argparse.Namespace(a=1)}, tmp_path / "ok.pt", fmt)
-    with simulate_torch(LOAD_HONOURS_PICKLE_MODULE=honours and _compat.LOAD_HONOURS_PICKLE_MODULE):
-        out = ckpt_io._load_restricted(str(good), "cpu", False, extra)
+    out = ckpt_io._load_restricted(str(good), "cpu", False, extra, "utf-8")
     assert torch.equal(out["w"], torch.arange(3.0)) and out["args"].a == 1
+
+
+def test_plain_state_dict_defers_to_torch_where_torch_is_as_strict(
+    tmp_path, simulate_torch, monkeypatch
+):
+    """torch >= 2.6: a file within torch's allow-list goes to torch's own weights-only loader;
+    simulated older torch always uses safetorch's restricted unpickler."""
+    path = _save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "sd.pt", "zip")
+    calls = []
+    real = _unpickler.make_restricted_pickle_module
+    monkeypatch.setattr(
+        _unpickler, "make_restricted_pickle_module", lambda e: calls.append(1) or real(e)
+    )
+    st.load(path)
+    assert bool(calls) is not _compat.LOAD_WEIGHTS_ONLY_DEFAULT_TRUE
+    calls.clear()
+    with simulate_torch(**BRANCHES["torch_1.13_to_2.5"]):
+        st.load(path)
+    assert calls
 
 
 @torch_load_warns
@@ -252,11 +258,6 @@ def test_honours_pickle_module_flag_matches_torch(tmp_path):
     path = _save({"w": torch.ones(1)}, tmp_path / "c.pt", "zip")
     torch.load(path, pickle_module=spy, weights_only=False)
     assert bool(used) is _compat.LOAD_HONOURS_PICKLE_MODULE
-    assert ckpt_io._load_restricted_impl is (
-        ckpt_io._load_restricted_via_torch_load
-        if _compat.LOAD_HONOURS_PICKLE_MODULE
-        else ckpt_io._load_restricted_own
-    )
 
 
 @pytest.mark.skipif(
@@ -278,7 +279,7 @@ def test_weights_only_false_warns_once_and_loads(tmp_path):
         warnings.simplefilter("always")
         out = st.load(path, weights_only=False)
     assert out["cfg"].lr == 1.0
-    assert [w.category for w in caught] == [st.SafetorchWarning]
+    assert [w.category for w in caught] == [st.CheckpointWarning]
     assert caught[0].filename == __file__  # points at the caller
     assert "trust" in str(caught[0].message)
 
@@ -318,21 +319,34 @@ def test_not_a_checkpoint(tmp_path, content, expected):
         st.load(path)
 
 
-@pytest.mark.parametrize(
-    "error", [ValueError("f must be a string filename"), UserWarning("raised by -W error")]
-)
-def test_torch_errors_on_an_intact_file_are_not_called_damage(tmp_path, monkeypatch, error):
-    """A ValueError or a warning-turned-error from torch on a sound file is torch's, not the
-    file's: it propagates unchanged instead of a "damaged archive" CheckpointError."""
+def test_warning_turned_error_inside_torch_propagates(tmp_path, monkeypatch):
+    """A warning the caller turned into an error (-W error) is theirs: it propagates unchanged
+    instead of becoming a CheckpointError."""
     path = _save({"w": torch.ones(2)}, tmp_path / "c.pt", "zip")
+    error = UserWarning("raised by -W error")
 
-    def fail(f, **kwargs):
+    def fail(*args, **kwargs):
         raise error
 
     monkeypatch.setattr(ckpt_io, "_torch_load", fail)
-    with pytest.raises(type(error)) as info:
+    monkeypatch.setattr(ckpt_io, "_load_restricted", fail)
+    with pytest.raises(UserWarning) as info:
         st.load(path)
-    assert info.value is error and not isinstance(info.value, st.CheckpointError)
+    assert info.value is error
+
+
+@pytest.mark.parametrize("error", [ValueError("bad size"), MemoryError(), KeyError("x")])
+def test_raw_errors_from_rebuilding_become_checkpoint_errors(tmp_path, monkeypatch, error):
+    path = _save({"w": torch.ones(2)}, tmp_path / "c.pt", "zip")
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ckpt_io, "_torch_load", fail)
+    monkeypatch.setattr(ckpt_io, "_load_restricted", fail)
+    with pytest.raises(st.CheckpointError) as info:
+        st.load(path)
+    assert str(path) in str(info.value) and info.value.__cause__ is error
 
 
 def test_damaged_zip_member_is_named(tmp_path):
@@ -406,31 +420,62 @@ def _spy_torch_load(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(
-    "fmt,expect_mmap",
-    [
-        pytest.param(
-            "zip",
-            True,
-            marks=pytest.mark.skipif(
-                not _compat.LOAD_HAS_MMAP, reason="torch.load(mmap=) needs torch 2.1"
-            ),
-        ),
-        ("legacy", False),
-    ],
-)
-def test_mmap_default_for_zip_paths(tmp_path, monkeypatch, fmt, expect_mmap):
-    path = _save({"w": torch.arange(4.0)}, tmp_path / "c.pt", fmt)  # a pathlib.Path
+@pytest.mark.skipif(not _compat.LOAD_HAS_MMAP, reason="torch.load(mmap=) needs torch 2.1")
+def test_mmap_only_when_asked(tmp_path, monkeypatch):
+    path = _save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "c.pt", "zip")  # a pathlib.Path
     calls = _spy_torch_load(monkeypatch)
-    assert torch.equal(st.load(path)["w"], torch.arange(4.0))
-    assert calls[-1].get("mmap", False) is expect_mmap
-    if expect_mmap:  # torch 2.1-2.5 map only a str path (isinstance(f, str))
-        assert type(calls[-1]["f"]) is str
-    assert calls[-1]["map_location"] == "cpu"
-    st.load(path, mmap=True)  # legacy: silent fallback, no error
-    assert calls[-1].get("mmap", False) is expect_mmap
-    st.load(path, mmap=False)
-    assert "mmap" not in calls[-1]
+    st.load(path)
+    assert all("mmap" not in c for c in calls)
+    st.load(path, mmap=True)
+    if calls:  # the torch path: torch 2.1-2.5 map only a str path (isinstance(f, str))
+        assert calls[-1].get("mmap") is True and type(calls[-1]["f"]) is str
+
+
+@pytest.mark.skipif(not _compat.LOAD_HAS_MMAP, reason="torch.load(mmap=) needs torch 2.1")
+@pytest.mark.parametrize("branch", ["installed", "torch_1.13_to_2.5"])
+def test_returned_tensors_survive_a_rewrite_of_the_file(tmp_path, simulate_torch, branch):
+    """st.load reads into memory by default: a later torch.save over the same path (a new best
+    checkpoint) or a truncation does not change, or crash on, the tensors already returned."""
+    path = tmp_path / "best.pt"
+    torch.save({"w": torch.ones(1000)}, path)
+    with simulate_torch(**BRANCHES[branch]):
+        best = st.load(path)
+        mapped = st.load(path, mmap=True)
+    assert torch.equal(mapped["w"], torch.ones(1000))
+    del mapped
+    torch.save({"w": torch.zeros(1000)}, path)
+    assert torch.equal(best["w"], torch.ones(1000))
+    with open(path, "r+b") as fh:
+        fh.truncate(10)
+    assert float(best["w"].sum()) == 1000.0
+
+
+def _deflate(src, dst):
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    return dst
+
+
+@pytest.mark.parametrize("branch", ["installed", "torch_1.13_to_2.5"])
+def test_deflated_storages_are_never_mapped(tmp_path, simulate_torch, branch):
+    """A checkpoint re-zipped with DEFLATE: mapping it would return compressed bytes as tensor
+    values; st.load reads it (with a warning when mmap=True was asked) and returns the values."""
+    src = _save({"w": torch.arange(1000.0)}, tmp_path / "src.pt", "zip")
+    path = _deflate(src, tmp_path / "deflated.pt")
+    sd = {"weight": torch.full((1, 1), 3.0), "bias": torch.zeros(1)}
+    sd_path = _deflate(_save(sd, tmp_path / "sd.pt", "zip"), tmp_path / "sd_deflated.pt")
+    model = torch.nn.Linear(1, 1)
+    with simulate_torch(**BRANCHES[branch]):
+        assert torch.equal(st.load(path)["w"], torch.arange(1000.0))
+        if _compat.LOAD_HAS_MMAP:
+            with pytest.warns(st.SafetorchWarning, match="compressed"):
+                out = st.load(path, mmap=True)
+            assert torch.equal(out["w"], torch.arange(1000.0))
+        st.load_state_dict(model, sd_path)
+    assert model.weight.detach().item() == 3.0
 
 
 def test_no_mmap_on_torch_before_2_1_or_file_objects(tmp_path, monkeypatch, simulate_torch):
