@@ -329,7 +329,7 @@ def _failure_reason(exc: BaseException) -> str:
     if isinstance(exc, (EOFError, pickle.UnpicklingError)):
         return "its pickle data is truncated or corrupt"
     text = str(exc)
-    if "PytorchStreamReader" in text or "CRC" in text or "zip" in text.lower():
+    if any(k in text for k in ("PytorchStreamReader", "inline_container", "CRC", "zip")):
         return "the zip archive is damaged (a storage record is truncated or corrupt)"
     if isinstance(exc, (RuntimeError, OSError)):
         return "torch could not rebuild its tensors (truncated or corrupt storage data)"
