@@ -5,6 +5,7 @@ Standard library only (``safetorch.check`` uses it and never imports torch).
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from typing import Callable, Union
@@ -52,6 +53,10 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> str:
     Returns:
         The absolute path written.
 
+    Raises:
+        FileNotFoundError: the target's directory does not exist (the message names the target
+            and the directory, never the temp file).
+
     >>> import os, pathlib, tempfile
     >>> p = os.path.join(tempfile.mkdtemp(), "a.txt")
     >>> _ = atomic_write(p, lambda tmp: pathlib.Path(tmp).write_text("hi"))
@@ -64,6 +69,20 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> str:
         mode = os.stat(target).st_mode & 0o7777
     except FileNotFoundError:
         mode = _NEW_FILE_MODE
+    if not os.path.isdir(directory):
+        # mkstemp would name its hidden temp file ("No such file or directory:
+        # '/run/x/.ckpt.pt.abc.tmp'"); the user needs the target and the missing directory.
+        missing = directory
+        while not os.path.exists(os.path.dirname(missing)) and os.path.dirname(missing) != missing:
+            missing = os.path.dirname(missing)
+        what = "does not exist" if not os.path.exists(directory) else "is not a directory"
+        exc = FileNotFoundError(
+            f"cannot write {target}: directory {directory} {what}"
+            + (f" ({missing} is the first missing part)" if missing != directory else "")
+            + "; create it first (os.makedirs(path, exist_ok=True))"
+        )
+        exc.errno = errno.ENOENT  # (a filename attribute would turn str() into "[Errno 2] None")
+        raise exc
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:

@@ -137,9 +137,93 @@ def collect() -> Dict[str, Any]:
     }
 
 
+def _patch_mode() -> Dict[str, Any]:
+    """SAFETORCH_PATCH / SAFETORCH_ALLOW / SAFETORCH_REPORT, the .pth hook, active patches."""
+    import os
+
+    info: Dict[str, Any] = {
+        "SAFETORCH_PATCH": os.environ.get("SAFETORCH_PATCH"),
+        "SAFETORCH_ALLOW": os.environ.get("SAFETORCH_ALLOW"),
+        "SAFETORCH_REPORT": os.environ.get("SAFETORCH_REPORT"),
+    }
+    problems: List[str] = []
+    try:
+        from safetorch.patching import hook, registry
+    except ImportError as exc:  # wrapt missing
+        info["available"] = False
+        problems.append(f"monkeypatch mode unavailable: {exc}; pip install 'wrapt>=1.14'")
+        info["problems"] = problems
+        return info
+    info["available"] = True
+    pth = os.path.join(hook.default_dir(), hook.PTH_NAME)
+    info["hook"] = pth if os.path.exists(pth) else None
+    info["active"] = registry.active_names()
+    value = (info["SAFETORCH_PATCH"] or "").strip()
+    if value and value.lower() not in ("0", "off", "none", "false"):
+        try:
+            info["patches_named"] = registry.resolve_names(value.split(","), default_all=True)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"SAFETORCH_PATCH={value!r} is ignored: {exc}")
+        if info["hook"] is None and not info["active"]:
+            problems.append(
+                "SAFETORCH_PATCH is set but no hook is installed, so plain `python` ignores it; "
+                "run `safetorch install-hook` or start programs with `safetorch run`"
+            )
+    from safetorch.patching.cli import _allow_list
+
+    try:
+        info["allowed_globals"] = _allow_list([info["SAFETORCH_ALLOW"] or ""])
+    except ValueError as exc:
+        problems.append(f"SAFETORCH_ALLOW: {exc}")
+    info["problems"] = problems
+    return info
+
+
+def _problems(report: Dict[str, Any]) -> List[str]:
+    import os
+
+    out = list(report["patch_mode"].get("problems", []))
+    index_check = os.environ.get("SAFETORCH_INDEX_CHECK", "auto").strip().lower() or "auto"
+    if index_check not in ("auto", "always", "never"):
+        out.append(f"SAFETORCH_INDEX_CHECK={index_check!r} is ignored; use auto, always or never")
+    return out
+
+
+def verdict(report: Dict[str, Any]) -> str:
+    """The one-line summary ``safetorch doctor`` starts with."""
+    problems = report["problems"]
+    mode = report["patch_mode"]
+    if mode.get("active"):
+        patch = "patch mode on in this process (" + ", ".join(mode["active"]) + ")"
+    elif mode.get("hook"):
+        patch = "patch hook installed" + (
+            f" (SAFETORCH_PATCH={mode['SAFETORCH_PATCH']})"
+            if mode.get("SAFETORCH_PATCH")
+            else ", off until SAFETORCH_PATCH is set"
+        )
+    else:
+        patch = "patch mode off"
+    versions = report["versions"]
+    accel = "CUDA available" if report["cuda"].get("available") else "no CUDA (CPU only)"
+    head = f"torch {versions['torch']}, safetorch {versions['safetorch']}, {accel}, {patch}"
+    if not problems:
+        return f"ok: {head}"
+    return f"{len(problems)} problem{'s' if len(problems) != 1 else ''}: {problems[0]} ({head})"
+
+
 def _print_text(report: Dict[str, Any]) -> None:
     w = sys.stdout.write
-    w("safetorch doctor\n\nversions\n")
+    w(f"safetorch doctor: {report['verdict']}\n")
+    for problem in report["problems"][1:]:
+        w(f"  also: {problem}\n")
+    w("\npatch mode\n")
+    mode = report["patch_mode"]
+    for k in ("SAFETORCH_PATCH", "SAFETORCH_ALLOW", "SAFETORCH_REPORT"):
+        w(f"  {k:<17} {mode.get(k) if mode.get(k) is not None else '(unset)'}\n")
+    if mode.get("available"):
+        w(f"  {'hook':<17} {mode['hook'] or 'not installed (safetorch install-hook)'}\n")
+        w(f"  {'active here':<17} {', '.join(mode['active']) or 'none'}\n")
+    w("\nversions\n")
     for k, v in report["versions"].items():
         w(f"  {k:<12} {v}\n")
     w(f"  {'platform':<12} {report['platform']}\n\naccelerators\n")
@@ -158,12 +242,16 @@ def _print_text(report: Dict[str, Any]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     report = collect()
+    report["patch_mode"] = _patch_mode()
+    report["problems"] = _problems(report)
+    report["verdict"] = verdict(report)
+    report = {"verdict": report["verdict"], **report}
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         _print_text(report)
-    return 0
+    return 1 if report["problems"] else 0
 
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -26,6 +26,7 @@ import collections.abc
 import copy
 import dataclasses
 import logging
+import os
 import warnings
 from typing import (
     Any,
@@ -47,7 +48,7 @@ import torch.utils.data
 from safetorch import _device
 from safetorch import device as _device_move
 from safetorch._stack import user_stacklevel
-from safetorch.errors import SafetorchWarning
+from safetorch.errors import DataWarning
 from safetorch.findings import Finding
 
 __all__ = ["PinnedBatch", "pin", "collate", "check_loader", "SafeDataLoader"]
@@ -357,7 +358,9 @@ def check_loader(
     * ``pin-memory-no-accelerator``: ``pin_memory=True`` with no accelerator present.
     * ``batch-not-pinnable``: ``pin_memory=True`` but the batch type (from
       ``collate_fn=st.collate(cls)`` or from ``batch``) holds tensors torch will not pin.
-    * ``num-workers-0``: batches are loaded in the training process, between steps.
+    * ``num-workers-0``: batches are loaded in the training process, between steps. Quiet
+      where workers cannot help (one CPU core, an in-memory ``TensorDataset``, fewer than 16
+      batches per epoch); the advice scales with ``os.cpu_count()`` and the accelerators.
 
     Args:
         loader: The loader to check; nothing is loaded from it.
@@ -422,16 +425,47 @@ def check_loader(
                     f"class {unpinnable}(st.PinnedBatch), or define {unpinnable}.pin_memory()",
                 )
             )
-    if loader.num_workers == 0:
+    if loader.num_workers == 0 and _workers_can_help(loader):
+        workers, why = _worker_advice()
         findings.append(
             Finding(
                 "num-workers-0",
                 "loader",
                 "num_workers=0 loads every batch in the training process, between steps",
-                "num_workers=4 (or more, up to the CPU cores per accelerator)",
+                f"num_workers={workers} ({why})",
             )
         )
     return findings
+
+
+# Below this many batches per epoch, starting worker processes costs more than it saves.
+_MIN_BATCHES_FOR_WORKERS = 16
+
+
+def _workers_can_help(loader: torch.utils.data.DataLoader) -> bool:
+    """False where ``num-workers-0`` cannot matter: one CPU core, an in-memory
+    TensorDataset (a batch is one indexing op; workers would only add pickling), or an epoch
+    of a few batches."""
+    if (os.cpu_count() or 1) < 2:
+        return False
+    if isinstance(loader.dataset, torch.utils.data.TensorDataset):
+        return False
+    try:
+        return len(loader) >= _MIN_BATCHES_FOR_WORKERS
+    except TypeError:  # iterable-style dataset without __len__: unknown, assume long
+        return True
+
+
+def _worker_advice() -> Tuple[int, str]:
+    """A worker count for this machine: the CPU cores per accelerator, one left for training."""
+    cpus = os.cpu_count() or 1
+    accelerators = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    per_process = max(1, cpus // max(1, accelerators))
+    workers = max(1, min(8, per_process - 1))
+    where = f"{cpus} CPU cores" + (
+        f" shared by {accelerators} accelerators" if accelerators > 1 else ""
+    )
+    return workers, f"{where}; one stays with the training process"
 
 
 def _last_batch_size(loader: torch.utils.data.DataLoader) -> Optional[Tuple[int, int, int]]:
@@ -512,13 +546,13 @@ class _FirstBatchCheck:
 def _warn(findings: Iterable[Finding]) -> None:
     # Attributed to the user's `for` statement (first frame outside torch and safetorch).
     for f in findings:
-        warnings.warn(f"SafeDataLoader: {f}", SafetorchWarning, stacklevel=user_stacklevel())
+        warnings.warn(f"SafeDataLoader: {f}", DataWarning, stacklevel=user_stacklevel())
 
 
 class SafeDataLoader(torch.utils.data.DataLoader):
     """A ``DataLoader`` that runs :func:`check_loader` once, at its first iteration.
 
-    Each finding becomes one :class:`~safetorch.SafetorchWarning`; the batch type is checked
+    Each finding becomes one :class:`~safetorch.DataWarning`; the batch type is checked
     on the first batch. Everything else is ``torch.utils.data.DataLoader``.
 
     Args:
@@ -533,8 +567,8 @@ class SafeDataLoader(torch.utils.data.DataLoader):
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
     ...     batches = [b for b in loader]
-    >>> sorted(str(w.message).split("[")[1].split("]")[0] for w in caught)
-    ['num-workers-0', 'partial-last-batch']
+    >>> sorted(str(w.message).split("[")[1].split("]")[0] for w in caught)  # workers cannot help here
+    ['partial-last-batch']
     """
 
     def __init__(

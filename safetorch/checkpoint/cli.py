@@ -1,12 +1,23 @@
-"""``safetorch ckpt inspect|convert``: look inside a checkpoint, or rewrite it, safely."""
+"""``safetorch ckpt inspect|convert|diff|fit``: look inside, rewrite, compare, try a checkpoint.
+
+Every file is read through :func:`safetorch.load` (weights-only), never plain pickle.
+Expected failures end in one line on stderr naming the value and the fix; exit status 2 for
+bad input (missing or unreadable paths, directories, bad options, corrupt files), 1 for
+findings (unsafe globals, differences, a checkpoint that does not fit) or failed work, 0
+otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
 import collections
+import fnmatch
+import importlib
+import inspect as _inspect
 import json
 import os
 import sys
+import warnings
 from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
@@ -20,10 +31,26 @@ from safetorch.checkpoint.io import (
     atomic_write,
     load,
 )
-from safetorch.checkpoint.keys import _wrapper_segments_in, find_state_dict, is_state_dict
-from safetorch.errors import CheckpointError
+from safetorch.checkpoint.keys import (
+    _leading_prefixes,
+    _wrapper_segments_in,
+    canonical_key,
+    find_state_dict,
+    is_state_dict,
+    known_prefixes,
+    match_keys,
+    state_dict_keys,
+)
+from safetorch.errors import CheckpointError, UnsafeCheckpointError
 
-__all__ = ["add_parsers", "inspect_checkpoint", "convert_checkpoint"]
+__all__ = [
+    "add_parsers",
+    "inspect_checkpoint",
+    "convert_checkpoint",
+    "list_keys",
+    "diff_checkpoints",
+    "fit_checkpoint",
+]
 
 # Show a progress bar only for files at least this large (and only on a terminal).
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
@@ -74,9 +101,11 @@ def inspect_checkpoint(path: str) -> Dict[str, Any]:
         path: the checkpoint file.
 
     Returns:
-        A JSON-ready dict: format, size, container keys, state-dict key, tensor count, total
-        bytes, dtypes, wrapper prefixes and unsafe globals (when there are any, nothing is
-        loaded and only those are reported).
+        A JSON-ready dict: format, size, container keys, every state dict the container holds
+        (``state_dicts``: key -> entries, EMA copies included), the one ``st.load_state_dict``
+        picks (``state_dict_key``), tensor count, total bytes, dtypes, known prefixes
+        (``wrapper_prefixes``: wrapper segments such as ``module.`` and Lightning's ``model.``)
+        and unsafe globals (when there are any, nothing is loaded and only those are reported).
 
     Raises:
         CheckpointError: the file is missing, empty, truncated or not a checkpoint.
@@ -105,15 +134,19 @@ def inspect_checkpoint(path: str) -> Dict[str, Any]:
     info["container_keys"] = (
         [str(k) for k in obj] if isinstance(obj, Mapping) and not is_state_dict(obj) else None
     )
+    holders = state_dict_keys(obj)
+    info["state_dicts"] = {k: len(_as_state_dict(obj[k])) for k in holders}
     try:
         state_dict, key = find_state_dict(obj)
         info["state_dict_key"] = key
         info["state_dict_tensors"] = len(state_dict)
-        info["wrapper_prefixes"] = [s + "." for s in _wrapper_segments_in(state_dict)]
+        info["wrapper_prefixes"] = known_prefixes(state_dict)
     except CheckpointError as exc:
         info["state_dict_key"] = None
         info["state_dict_note"] = str(exc)
-        info["wrapper_prefixes"] = []
+        info["wrapper_prefixes"] = sorted(
+            {p for k in holders for p in known_prefixes(_as_state_dict(obj[k]))}
+        )
     seen = set()
     count, total = 0, 0
     dtypes: Dict[str, int] = collections.Counter()
@@ -139,6 +172,15 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _as_state_dict(value: Any) -> Mapping[str, Any]:
+    return value.state_dict() if isinstance(value, torch.nn.Module) else value
+
+
+_PREFIX_NOTES = {"model.": "Lightning's model attribute", "module.": "DataParallel/DDP"}
+_PREFIX_NOTES.update({"_orig_mod.": "torch.compile", "_fsdp_wrapped_module.": "FSDP"})
+_PREFIX_NOTES["_checkpoint_wrapped_module."] = "activation checkpointing"
+
+
 def _print_info(info: Dict[str, Any], out: IO[str]) -> None:
     out.write(f"path: {info['path']} ({info['format']}, {_human(info['file_bytes'])})\n")
     if info["unsafe_globals"]:
@@ -150,15 +192,25 @@ def _print_info(info: Dict[str, Any], out: IO[str]) -> None:
     if info.get("state_dict_key") is not None or "state_dict_tensors" in info:
         out.write(
             f"state dict: {info['state_dict_key'] or '(top level)'} "
-            f"({info.get('state_dict_tensors', 0)} entries)\n"
+            f"({info.get('state_dict_tensors', 0)} entries; st.load_state_dict loads it)\n"
         )
     elif info.get("state_dict_note"):
         out.write(f"state dict: {info['state_dict_note']}\n")
+    others = {k: n for k, n in info.get("state_dicts", {}).items() if k != info["state_dict_key"]}
+    if others:
+        out.write(
+            "other state dicts: "
+            + ", ".join(f"{k} ({n} entries; key={k!r})" for k, n in others.items())
+            + "\n"
+        )
     out.write(f"tensors: {info['tensor_count']}, {_human(info['tensor_bytes'])}\n")
     out.write(
         "dtypes: " + (", ".join(f"{k} ({v})" for k, v in info["dtypes"].items()) or "-") + "\n"
     )
-    out.write("wrapper prefixes: " + (", ".join(info["wrapper_prefixes"]) or "none") + "\n")
+    prefixes = [
+        f"{p} ({_PREFIX_NOTES[p]})" if p in _PREFIX_NOTES else p for p in info["wrapper_prefixes"]
+    ]
+    out.write("wrapper prefixes: " + (", ".join(prefixes) or "none") + "\n")
     out.write("unsafe globals: none\n")
 
 
@@ -233,12 +285,17 @@ def convert_checkpoint(
             state dict; ``"none"`` keeps keys; any other value ending in ``.`` is also stripped
             as a leading prefix (e.g. ``"model."``).
         to: ``"torch"`` or ``"safetensors"``; default from ``dst``'s extension.
-        key: container key of the state dict (safetensors output only).
+        key: container key of the state dict to write (only that state dict is written);
+            needed for safetensors output when the container holds several.
         progress_stream: where a progress bar goes (default stderr); drawn only if it is a TTY
             and ``src`` is larger than 256 MB.
 
     Returns:
         A summary dict (``format``, ``tensors``, ``dropped`` non-tensor keys).
+
+    Raises:
+        CheckpointError: ``src`` cannot be loaded, or ``key`` is not a state dict in it.
+        ValueError: a bad ``to`` or ``strip``, or a ``strip`` prefix that matches no key.
 
     >>> import os, tempfile, torch, safetorch as st
     >>> d = tempfile.mkdtemp(); src = os.path.join(d, "dp.pt"); dst = os.path.join(d, "plain.pt")
@@ -256,9 +313,18 @@ def convert_checkpoint(
     if strip != "auto" and strip != "none" and not strip.endswith("."):
         raise ValueError(f"--strip {strip!r}; expected 'auto', 'none' or a prefix ending in '.'")
     obj = load(src)
+    if key is not None:
+        state_dict, _ = find_state_dict(obj, key)  # CheckpointError naming the keys there
+        obj = state_dict
     if strip != "none":
         obj = _unwrapped(obj)
     if strip not in ("auto", "none"):
+        if not any(k.startswith(strip) for sd in _state_dicts_in(obj) for k in sd):
+            keys = [k for sd in _state_dicts_in(obj) for k in sd]
+            raise ValueError(
+                f"--strip {strip!r} matches no key; the keys' leading prefixes are "
+                f"{_leading_prefixes(keys, 6) or 'none'}"
+            )
         obj = _strip_leading_prefix(obj, strip)
     tensors = list(_iter_tensors(obj))
     progress = _Progress(sum(map(_nbytes, tensors)), stream, show)
@@ -288,6 +354,14 @@ def convert_checkpoint(
     return summary
 
 
+def _state_dicts_in(obj: Any) -> List[Mapping[str, Any]]:
+    if is_state_dict(obj):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [v for v in obj.values() if is_state_dict(v)]
+    return []
+
+
 def _strip_leading_prefix(obj: Any, prefix: str) -> Any:
     if is_state_dict(obj):
         out = collections.OrderedDict(
@@ -301,12 +375,395 @@ def _strip_leading_prefix(obj: Any, prefix: str) -> Any:
     return obj
 
 
-def _cmd_inspect(args: argparse.Namespace) -> int:
+# --- inspect --keys ----------------------------------------------------------------------------
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def list_keys(path: str, pattern: str = "*") -> List[Dict[str, Any]]:
+    """Every tensor entry of every state dict in a checkpoint: key, shape, dtype, bytes.
+
+    Args:
+        path: the checkpoint file (loaded weights-only).
+        pattern: a glob (``fnmatch``) matched against the key and its canonical form
+            (wrapper segments dropped), e.g. ``"*.bn1.*"``.
+
+    Returns:
+        One dict per entry, in file order: ``state_dict`` (container key, ``None`` for the top
+        level), ``key``, ``canonical`` (the key without wrapper segments), ``wrappers`` (the
+        wrapper segments in it), ``shape``, ``dtype`` and ``bytes`` (``None`` for non-tensors).
+
+    Raises:
+        CheckpointError: the file cannot be loaded.
+
+    >>> import os, tempfile, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.pt")
+    >>> torch.save(torch.nn.DataParallel(torch.nn.Linear(2, 3)).state_dict(), path)
+    >>> [(r["key"], r["shape"], r["dtype"], r["bytes"]) for r in list_keys(path, "*weight")]
+    [('module.weight', [3, 2], 'float32', 24)]
+    """
+    obj = load(path)
+    holders: List[Tuple[Optional[str], Mapping[str, Any]]]
+    if is_state_dict(obj):
+        holders = [(None, obj)]
+    else:
+        holders = [(k, _as_state_dict(obj[k])) for k in state_dict_keys(obj)]
+    rows: List[Dict[str, Any]] = []
+    for holder, sd in holders:
+        for key, value in sd.items():
+            canon = canonical_key(key)
+            if not (fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(canon, pattern)):
+                continue
+            tensor = isinstance(value, torch.Tensor)
+            rows.append(
+                {
+                    "state_dict": holder,
+                    "key": key,
+                    "canonical": canon,
+                    "wrappers": [s + "." for s in _wrapper_segments_in([key])],
+                    "shape": list(value.shape) if tensor else None,
+                    "dtype": _dtype_name(value) if tensor else type(value).__name__,
+                    "bytes": _nbytes(value) if tensor else None,
+                }
+            )
+    return rows
+
+
+def _print_keys(rows: List[Dict[str, Any]], out: IO[str]) -> None:
+    if not rows:
+        out.write("no matching keys\n")
+        return
+    width = min(max(len(r["key"]) for r in rows), 60)
+    current: Any = object()
+    for r in rows:
+        if r["state_dict"] != current:
+            current = r["state_dict"]
+            out.write(f"[{current if current is not None else 'top level'}]\n")
+        shape = "-" if r["shape"] is None else str(r["shape"])
+        size = "-" if r["bytes"] is None else _human(r["bytes"])
+        note = f"  wrapper: {', '.join(r['wrappers'])}" if r["wrappers"] else ""
+        out.write(f"  {r['key']:<{width}}  {shape:<16} {r['dtype']:<9} {size:>9}{note}\n")
+
+
+# --- diff --------------------------------------------------------------------------------------
+def _pick_state_dict(obj: Any, key: Optional[str]) -> Mapping[str, Any]:
+    state_dict, _ = find_state_dict(obj, key)
+    return state_dict
+
+
+def diff_checkpoints(
+    a: str,
+    b: str,
+    *,
+    key: Optional[str] = None,
+    progress_stream: Optional[IO[str]] = None,
+) -> Dict[str, Any]:
+    """Compare the state dicts of two checkpoints, after wrapper normalisation.
+
+    Keys are matched as :func:`safetorch.match_keys` matches them (``module.``,
+    ``_orig_mod.`` ... anywhere, Lightning's ``model.``), so a DataParallel checkpoint and a
+    plain one of the same weights are equal.
+
+    Args:
+        a: the first checkpoint file.
+        b: the second checkpoint file.
+        key: the container key of the state dict in both (default: the one
+            ``st.load_state_dict`` would pick).
+        progress_stream: where a progress bar goes (default stderr; drawn only on a TTY for
+            checkpoints above 256 MB).
+
+    Returns:
+        A JSON-ready dict: ``only_in_a``, ``only_in_b``, ``shape_changed`` and
+        ``dtype_changed`` (``[key, a, b]``), ``value_changed`` (``[key, max abs diff]``),
+        ``equal`` (count), ``rule`` (how keys were matched) and ``identical``.
+
+    Raises:
+        CheckpointError: a file cannot be loaded or holds no (or several) state dicts.
+
+    >>> import os, tempfile, torch
+    >>> d = tempfile.mkdtemp(); net = torch.nn.Linear(2, 2)
+    >>> with torch.no_grad():
+    ...     _ = net.bias.zero_()
+    >>> torch.save(torch.nn.DataParallel(net).state_dict(), os.path.join(d, "a.pt"))
+    >>> with torch.no_grad():
+    ...     _ = net.bias.fill_(0.5)
+    >>> torch.save(net.state_dict(), os.path.join(d, "b.pt"))
+    >>> r = diff_checkpoints(os.path.join(d, "a.pt"), os.path.join(d, "b.pt"))
+    >>> r["value_changed"], r["equal"], r["only_in_a"]
+    ([['bias', 0.5]], 1, [])
+    """
+    sd_a = _pick_state_dict(load(a), key)
+    sd_b = _pick_state_dict(load(b), key)
+    match = match_keys(
+        sd_a.keys(),
+        sd_b.keys(),
+        source_shapes={k: _shape(v) for k, v in sd_a.items()},
+        target_shapes={k: _shape(v) for k, v in sd_b.items()},
+    )
+    result: Dict[str, Any] = {
+        "a": a,
+        "b": b,
+        "rule": match.rule,
+        "only_in_a": list(match.unmatched_source),
+        "only_in_b": list(match.unmatched_target),
+        "shape_changed": [],
+        "dtype_changed": [],
+        "value_changed": [],
+        "equal": 0,
+    }
+    stream = sys.stderr if progress_stream is None else progress_stream
+    tensors = [v for v in sd_a.values() if isinstance(v, torch.Tensor)]
+    total = sum(map(_nbytes, tensors))
+    show = bool(getattr(stream, "isatty", lambda: False)()) and total > PROGRESS_MIN_BYTES
+    progress = _Progress(total, stream, show)
+    for ka, kb in match.mapping.items():
+        va, vb = sd_a[ka], sd_b[kb]
+        name = kb if ka == kb else f"{kb}"
+        if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)):
+            if _values_equal(va, vb):
+                result["equal"] += 1
+            else:
+                result["value_changed"].append([name, None])
+            continue
+        progress.advance(_nbytes(va), "diff")
+        if va.shape != vb.shape:
+            result["shape_changed"].append([name, list(va.shape), list(vb.shape)])
+            continue
+        if va.dtype != vb.dtype:
+            result["dtype_changed"].append([name, _dtype_name(va), _dtype_name(vb)])
+        diff = _max_abs_diff(va, vb)
+        if diff is None:
+            result["equal"] += 1
+        else:
+            result["value_changed"].append([name, diff])
+    progress.close()
+    result["identical"] = not any(
+        result[k]
+        for k in ("only_in_a", "only_in_b", "shape_changed", "dtype_changed", "value_changed")
+    )
+    return result
+
+
+def _shape(value: Any) -> Optional[Tuple[int, ...]]:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _values_equal(a: Any, b: Any) -> bool:
     try:
-        info = inspect_checkpoint(args.path)
-    except CheckpointError as exc:
-        sys.stderr.write(f"safetorch ckpt inspect: {exc}\n")
-        return 2
+        return bool(a == b)
+    except Exception:  # objects without a truthful ==: treat as changed
+        return False
+
+
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> Optional[float]:
+    """None when equal (NaNs in the same places count as equal), else the max abs diff."""
+    if a.dtype == b.dtype and torch.equal(a, b):
+        return None
+    if a.is_complex() or b.is_complex():
+        da, db = a.to(torch.complex128), b.to(torch.complex128)
+    elif a.dtype == torch.bool and b.dtype == torch.bool:
+        return float((a != b).sum().item() > 0)
+    else:
+        da, db = a.to(torch.float64), b.to(torch.float64)
+    both_nan = torch.isnan(da) & torch.isnan(db)
+    delta = (da - db).abs().masked_fill(both_nan, 0)
+    if delta.numel() == 0:
+        return None
+    m = delta.max().item()
+    if m != m:  # NaN on one side only
+        return float("nan")
+    return None if m == 0 else float(m)
+
+
+def _print_diff(r: Dict[str, Any], out: IO[str]) -> None:
+    out.write(f"a: {r['a']}\nb: {r['b']}\n")
+    if r["rule"] != "exact":
+        out.write(f"keys matched: {r['rule']}\n")
+    for label, name in (("only in a", "only_in_a"), ("only in b", "only_in_b")):
+        if r[name]:
+            out.write(f"{label} ({len(r[name])}): {', '.join(r[name])}\n")
+    for key, sa, sb in r["shape_changed"]:
+        out.write(f"shape changed: {key} {sa} -> {sb}\n")
+    for key, da, db in r["dtype_changed"]:
+        out.write(f"dtype changed: {key} {da} -> {db}\n")
+    for key, diff in r["value_changed"]:
+        out.write(f"values differ: {key}" + (f" (max abs diff {diff:.6g})" if diff else "") + "\n")
+    changed = len(r["value_changed"]) + len(r["shape_changed"])
+    out.write(
+        f"{'identical' if r['identical'] else 'different'}: {r['equal']} equal, "
+        f"{changed} changed, {len(r['only_in_a'])} only in a, {len(r['only_in_b'])} only in b\n"
+    )
+
+
+# --- fit ---------------------------------------------------------------------------------------
+def _model_from(spec: str) -> torch.nn.Module:
+    """The model ``module:factory`` names (a callable is called without arguments)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"--model {spec!r}: expected MODULE:FACTORY, e.g. torchvision.models:resnet18 or "
+            "mypkg.model:build (a callable without required arguments, or an nn.Module)"
+        )
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m`: the working directory is importable
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--model {spec!r}: cannot import {module_name!r} ({exc})") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"--model {spec!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    if not callable(obj):
+        raise ValueError(f"--model {spec!r}: {attr!r} is a {type(obj).__name__}, not a factory")
+    model = obj()
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(
+            f"--model {spec!r}: {attr}() returned a {type(model).__name__}, not an nn.Module"
+        )
+    return model
+
+
+def fit_checkpoint(
+    path: str, model: torch.nn.Module, *, key: Optional[str] = None, prefix: Optional[str] = None
+) -> Any:
+    """What ``st.load_state_dict(model, path)`` would do, without loading into ``model``.
+
+    The load runs with ``strict=False`` into a copy of ``model`` on the ``meta`` device (no
+    memory for its weights, and ``model`` is untouched), through the very function a real
+    load uses; ``report.ok`` says whether a strict load would succeed.
+
+    Args:
+        path: the checkpoint file.
+        model: the model the checkpoint is meant for.
+        key: the container key of the state dict (as for ``st.load_state_dict``).
+        prefix: take a sub-module's keys (as for ``st.load_state_dict``, where supported).
+
+    Returns:
+        The :class:`~safetorch.LoadReport`.
+
+    Raises:
+        CheckpointError: the file cannot be loaded, holds no (or several) state dicts, or the
+            key mapping is ambiguous.
+        TypeError: ``model`` is not an ``nn.Module``.
+
+    >>> import os, tempfile, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.pt")
+    >>> torch.save(torch.nn.DataParallel(torch.nn.Linear(2, 2)).state_dict(), path)
+    >>> report = fit_checkpoint(path, torch.nn.Linear(2, 3))
+    >>> report.ok, report.mismatched[0]
+    (False, ('weight', (2, 2), (3, 2)))
+    """
+    from safetorch.checkpoint import io as _io
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"fit_checkpoint(model=...) expects an nn.Module, got {type(model).__name__}"
+        )
+    import copy
+
+    shadow = copy.deepcopy(model).to("meta")
+    kwargs: Dict[str, Any] = {"strict": False, "key": key}
+    if prefix is not None:
+        if "prefix" not in _inspect.signature(_io.load_state_dict).parameters:
+            raise ValueError("--prefix needs st.load_state_dict(prefix=), not in this build")
+        kwargs["prefix"] = prefix
+    with warnings.catch_warnings():
+        # torch says each copy into a meta parameter is a no-op: that is the point here.
+        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
+        return _io.load_state_dict(shadow, load(path), **kwargs)
+
+
+def _report_json(report: Any) -> Dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "rule": report.rule,
+        "source_key": report.source_key,
+        "loaded": report.loaded,
+        "missing": report.missing,
+        "unexpected": report.unexpected,
+        "mismatched": [[k, list(a), list(b)] for k, a, b in report.mismatched],
+        "n_averaged": report.n_averaged,
+        "hint": getattr(report, "hint", None),
+        "other_state_dicts": getattr(report, "other_state_dicts", []),
+    }
+
+
+# --- commands ----------------------------------------------------------------------------------
+class _BadInput(Exception):
+    """An expected failure: one line on stderr and this exit status."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _readable_file(path: str, what: str = "checkpoint") -> None:
+    if not os.path.exists(path):
+        parent = os.path.dirname(os.path.abspath(path))
+        where = "" if os.path.isdir(parent) else f" (directory {parent} does not exist either)"
+        raise _BadInput(f"no such file: {path!r}{where}; pass the path of a {what} file")
+    if os.path.isdir(path):
+        raise _BadInput(
+            f"{path!r} is a directory; pass a {what} file inside it "
+            "(e.g. .../model.pt; a torch.distributed.checkpoint directory loads with DCP)"
+        )
+    if not os.access(path, os.R_OK):
+        raise _BadInput(f"cannot read {path!r}: permission denied")
+
+
+def _writable_target(path: str) -> None:
+    if os.path.isdir(path):
+        raise _BadInput(
+            f"OUT {path!r} is a directory; pass a file path, e.g. {os.path.join(path, 'model.pt')}"
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise _BadInput(
+            f"cannot write {path!r}: directory {parent} does not exist; create it first"
+        )
+
+
+def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return body(args)
+        except _BadInput as exc:
+            sys.stderr.write(f"safetorch ckpt {command}: {exc}\n")
+            return exc.status
+        except UnsafeCheckpointError as exc:
+            sys.stderr.write(f"safetorch ckpt {command}: {str(exc).splitlines()[0]}\n")
+            return 1
+        except (CheckpointError, ValueError) as exc:
+            sys.stderr.write(f"safetorch ckpt {command}: {' '.join(str(exc).split())}\n")
+            return 2
+        except OSError as exc:  # e.g. disk full while writing
+            sys.stderr.write(f"safetorch ckpt {command}: {exc}\n")
+            return 1
+
+    return run
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    _readable_file(args.path)
+    if args.keys is not None:
+        info = inspect_checkpoint(args.path)  # refuses unsafe files before loading them
+        if info["unsafe_globals"]:
+            if args.json:
+                sys.stdout.write(json.dumps(info, indent=2) + "\n")
+            else:
+                _print_info(info, sys.stdout)
+            return 1
+        rows = list_keys(args.path, args.keys)
+        if args.json:
+            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        else:
+            _print_keys(rows, sys.stdout)
+        return 0
+    info = inspect_checkpoint(args.path)
     if args.json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:
@@ -315,11 +772,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    try:
-        summary = convert_checkpoint(args.src, args.dst, strip=args.strip, to=args.to, key=args.key)
-    except (CheckpointError, ValueError) as exc:
-        sys.stderr.write(f"safetorch ckpt convert: {exc}\n")
-        return 2
+    _readable_file(args.src)
+    _writable_target(args.dst)
+    if os.path.abspath(args.src) == os.path.abspath(args.dst):
+        raise _BadInput(f"IN and OUT are the same file ({args.src!r}); write to a new path")
+    summary = convert_checkpoint(args.src, args.dst, strip=args.strip, to=args.to, key=args.key)
+    if args.json:
+        sys.stdout.write(json.dumps({"path": args.dst, **summary}, indent=2) + "\n")
+        return 0
     line = f"wrote {args.dst} ({summary['format']}, {summary['tensors']} tensors)"
     if summary["dropped"]:
         line += f"; dropped non-tensor entries: {', '.join(summary['dropped'])}"
@@ -327,9 +787,49 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    _readable_file(args.a)
+    _readable_file(args.b)
+    result = diff_checkpoints(args.a, args.b, key=args.key)
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        _print_diff(result, sys.stdout)
+    return 0 if result["identical"] else 1
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    _readable_file(args.path)
+    try:
+        model = _model_from(args.model)
+    except ValueError:
+        raise
+    except Exception as exc:  # the user's factory failed: their error, in one line
+        raise _BadInput(
+            f"--model {args.model!r}: building the model raised {type(exc).__name__}: {exc}"
+        ) from None
+    report = fit_checkpoint(args.path, model, key=args.key, prefix=args.prefix)
+    if args.json:
+        sys.stdout.write(json.dumps(_report_json(report), indent=2) + "\n")
+    else:
+        sys.stdout.write(f"{report}\n")
+        verdict = (
+            "fits: st.load_state_dict(model, path) loads every key"
+            if report.ok
+            else (
+                "does not fit: a strict st.load_state_dict would refuse; strict=False would load "
+                f"{len(report.loaded)} keys"
+            )
+        )
+        sys.stdout.write(verdict + "\n")
+    return 0 if report.ok else 1
+
+
 def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Register ``safetorch ckpt inspect`` and ``safetorch ckpt convert``."""
-    ckpt = subparsers.add_parser("ckpt", help="inspect or convert checkpoints (weights-only)")
+    """Register ``safetorch ckpt inspect|convert|diff|fit``."""
+    ckpt = subparsers.add_parser(
+        "ckpt", help="inspect, convert, diff or fit checkpoints (weights-only)"
+    )
     sub = ckpt.add_subparsers(dest="ckpt_command", metavar="ACTION")
 
     def _usage(_args: argparse.Namespace) -> int:
@@ -339,11 +839,19 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     ckpt.set_defaults(func=_usage)
 
     inspect = sub.add_parser(
-        "inspect", help="container keys, tensors, dtypes, prefixes, unsafe globals"
+        "inspect", help="container keys, state dicts, tensors, dtypes, prefixes, unsafe globals"
     )
     inspect.add_argument("path")
+    inspect.add_argument(
+        "--keys",
+        nargs="?",
+        const="*",
+        default=None,
+        metavar="GLOB",
+        help="list every entry (key, shape, dtype, bytes), optionally only keys matching GLOB",
+    )
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
-    inspect.set_defaults(func=_cmd_inspect)
+    inspect.set_defaults(func=_guarded("inspect", _cmd_inspect))
 
     convert = sub.add_parser("convert", help="rewrite atomically, stripping wrapper prefixes")
     convert.add_argument("src", metavar="IN")
@@ -355,5 +863,34 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         "prefix ending in '.' (e.g. model.)",
     )
     convert.add_argument("--to", choices=("torch", "safetensors"), default=None)
-    convert.add_argument("--key", default=None, help="container key of the state dict")
-    convert.set_defaults(func=_cmd_convert)
+    convert.add_argument(
+        "--key", default=None, help="container key of the state dict to write (only that one)"
+    )
+    convert.add_argument("--json", action="store_true", help="machine-readable summary")
+    convert.set_defaults(func=_guarded("convert", _cmd_convert))
+
+    diff = sub.add_parser(
+        "diff", help="keys only in one, shape/dtype changes, value differences (max abs diff)"
+    )
+    diff.add_argument("a", metavar="A")
+    diff.add_argument("b", metavar="B")
+    diff.add_argument("--key", default=None, help="container key of the state dict in both")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    diff.set_defaults(func=_guarded("diff", _cmd_diff))
+
+    fit = sub.add_parser(
+        "fit", help="what st.load_state_dict would do with a model, without loading it"
+    )
+    fit.add_argument("path")
+    fit.add_argument(
+        "--model",
+        required=True,
+        metavar="MODULE:FACTORY",
+        help="the model: an importable factory called without arguments, or a module instance",
+    )
+    fit.add_argument("--key", default=None, help="container key of the state dict")
+    fit.add_argument(
+        "--prefix", default=None, help="take the keys under this module path (e.g. features.)"
+    )
+    fit.add_argument("--json", action="store_true", help="machine-readable output")
+    fit.set_defaults(func=_guarded("fit", _cmd_fit))

@@ -35,12 +35,13 @@ from torch import nn
 from safetorch import _compat
 from safetorch._atomic import atomic_write
 from safetorch._stack import user_stacklevel
-from safetorch.checkpoint import _unpickler
+from safetorch.checkpoint import _unpickler, layouts
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
     canonical_key,
     find_state_dict,
     remap_state_dict,
+    state_dict_keys,
     strip_wrapper_prefixes,
     tensor_shape,
     unwrap_model,
@@ -434,10 +435,12 @@ def _load(
     extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
     src: Any = f
     if _is_path(src):
-        if os.path.isdir(src):
+        if os.path.isdir(src) or os.fsdecode(src).endswith(".index.json"):
             raise CheckpointError(
-                f"cannot load checkpoint {name}: it is a directory; pass the checkpoint file "
-                "inside it"
+                f"cannot load checkpoint {name}: it is a "
+                f"{'directory' if os.path.isdir(src) else 'shard index'}; load model weights "
+                "from it with st.load_state_dict(model, path) (DCP directories, shard indexes "
+                "and transformers/accelerate directories), or pass one file inside it"
             )
         try:
             size = os.path.getsize(src)
@@ -602,24 +605,36 @@ def load_state_dict(
     strict: bool = True,
     key: Optional[str] = None,
     assign: Optional[bool] = None,
+    prefix: Optional[str] = None,
 ) -> LoadReport:
     """Load a checkpoint into a model through any wrapper, with a report of what happened.
 
     The state dict inside a container is found automatically (``state_dict``, ``model``, ...;
     EMA entries only with ``key=``). Wrapper segments (``module.``, ``_orig_mod.``,
     ``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``) anywhere in the keys of either
-    side, and one common leading prefix (``model.``), are matched away; see
-    :func:`safetorch.checkpoint.remap_state_dict`. Tensors are not copied before the final
-    in-place copy into the model (none at all with ``assign=True``).
+    side, and Lightning's leading ``model.``, are matched away; any other leading path is a
+    real module and needs ``prefix=``; see :func:`safetorch.checkpoint.remap_state_dict`.
+    Tensors are not copied before the final in-place copy into the model (none at all with
+    ``assign=True``).
+
+    Multi-file checkpoints load the same way, matched on their shapes before any tensor is
+    read, then read lazily (only matched tensors; one shard at a time): a
+    ``torch.distributed.checkpoint`` directory (through DCP itself, into plain or DTensor /
+    FSDP2 parameters), a sharded index (``model.safetensors.index.json``,
+    ``pytorch_model.bin.index.json``) or a directory written by transformers or accelerate;
+    ``report.source`` names the file or layout used.
 
     Args:
         model: the target, wrapped or not.
-        source: a path, a file object, a state dict or a checkpoint dict.
+        source: a path (file, directory or shard index), a file object, a state dict or a
+            checkpoint dict.
         strict: raise on any missing, unexpected or shape-mismatched key, before touching the
             model. With ``strict=False`` those are skipped and reported (shape mismatches
             never raise, unlike torch).
         key: the container key holding the state dict (needed for EMA weights).
         assign: passed to ``Module.load_state_dict(assign=)`` (torch >= 2.1).
+        prefix: take the sub-module under this path out of a larger checkpoint (e.g.
+            ``"backbone."``); checkpoint keys outside it are ignored, not unexpected.
 
     Returns:
         A :class:`LoadReport`.
@@ -655,13 +670,21 @@ def load_state_dict(
             "st.load_state_dict: source must be a path, a file object or a state dict, got a "
             f"{type(source).__name__} module; pass source.state_dict() to copy a module's weights"
         )
-    # Storages may be memory-mapped here (zip files by path, uncompressed, torch >= 2.1): the
-    # in-place copy into the model below happens before this call returns. Not with assign=True,
-    # where the model would keep the mapped tensors.
-    obj = (
-        source
-        if isinstance(source, Mapping)
-        else _load(
+    # A directory, a shard index or a DCP checkpoint: match on its meta view (shapes and
+    # dtypes, no data), then read only the matched tensors (layouts.py).
+    layout = layouts.resolve(source) if _is_path(source) else None
+    if isinstance(layout, layouts.FileLayout):
+        source, layout = layout.path, None
+    if layout is not None:
+        logger.info("loading %s (%s)", layout.description, layout.kind)
+        obj: Any = layout.meta_view()
+    elif isinstance(source, Mapping):
+        obj = source
+    else:
+        # Storages may be memory-mapped here (zip files by path, uncompressed, torch >= 2.1):
+        # the in-place copy into the model below happens before this call returns. Not with
+        # assign=True, where the model would keep the mapped tensors.
+        obj = _load(
             source,
             "cpu",
             None,
@@ -671,14 +694,16 @@ def load_state_dict(
             encoding="utf-8",
             mmap_for_copy=not assign,
         )
-    )
     state_dict, source_key = find_state_dict(obj, key)
     target = model.state_dict(keep_vars=True)
     state_dict, n_averaged = _split_n_averaged(state_dict, target.keys())
     # Plain weights into an AveragedModel: its counter keeps its value rather than being missing.
     source_has_counter = any(canonical_key(k) == N_AVERAGED for k in state_dict)
     target_keys = [k for k in target if source_has_counter or canonical_key(k) != N_AVERAGED]
-    remapped, match = remap_state_dict(state_dict, target_keys)
+    # A mapping (not only the keys) gives the matcher shapes to settle colliding keys with.
+    remapped, match = remap_state_dict(
+        state_dict, {k: target[k] for k in target_keys}, prefix=prefix
+    )
 
     mismatched = []
     to_load: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
@@ -703,14 +728,22 @@ def load_state_dict(
         source_key=source_key,
         n_averaged=n_averaged,
         strict=strict,
+        hint=match.hint,
+        other_state_dicts=[k for k in state_dict_keys(obj) if k != source_key],
+        source=None if layout is None else f"{layout.description} ({layout.kind})",
     )
     if strict and not report.ok:
+        report.refused = True
         raise CheckpointMismatchError(
             f"checkpoint does not match {type(model).__name__} (nothing was loaded; pass "
             f"strict=False to load the matching keys):\n{report}",
             report,
         )
     kwargs = {} if assign is None else {"assign": assign}
+    if layout is not None:
+        _load_from_layout(model, layout, to_load, source_of, source_key, report, kwargs)
+        logger.debug("%s", report)
+        return report
     result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
     # torch is the final word: a load hook may have consumed or rejected keys.
     kept = set(target) - set(target_keys)  # AveragedModel's counter, kept on purpose
@@ -724,6 +757,45 @@ def load_state_dict(
         raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
     logger.debug("%s", report)
     return report
+
+
+def _load_from_layout(
+    model: nn.Module,
+    layout: Any,
+    to_load: Mapping[str, Any],
+    source_of: Mapping[str, str],
+    source_key: Optional[str],
+    report: LoadReport,
+    kwargs: Dict[str, Any],
+) -> None:
+    """Read the matched tensors of a multi-file layout into the model, batch by batch."""
+    prefix = f"{source_key}." if source_key else ""
+    pairs = [(tgt, prefix + source_of[tgt]) for tgt in to_load]
+    unexpected: List[str] = []
+
+    def apply(batch: Dict[str, Any]) -> None:
+        result = _module_load_state_dict(model, batch, strict=False, **kwargs)
+        unexpected.extend(k for k in result.unexpected_keys if k not in unexpected)
+
+    layout.load_into(model, pairs, apply)
+    report.unexpected.extend(k for k in unexpected if k not in report.unexpected)
+    if report.strict and not report.ok:
+        raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
+
+
+def load_for_copy(path: str) -> Any:
+    """Weights-only load whose tensors are copied by the caller before it returns (so the
+    file may be memory-mapped); used for ``.bin`` shards."""
+    return _load(
+        path,
+        "cpu",
+        None,
+        weights_only=True,
+        mmap=None,
+        allow=(),
+        encoding="utf-8",
+        mmap_for_copy=True,
+    )
 
 
 # --- saving -----------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ __all__ = [
     "KeyMatch",
     "match_keys",
     "remap_state_dict",
+    "KNOWN_PREFIXES",
+    "known_prefixes",
+    "state_dict_keys",
 ]
 
 #: Key segments that wrappers insert: DataParallel/DDP/AveragedModel, torch.compile, FSDP,
@@ -191,6 +194,10 @@ class KeyMatch:
         unmatched_source: checkpoint keys that match nothing.
         unmatched_target: model keys no checkpoint key maps to.
         rule: human-readable description of the renaming applied (``"exact"`` when none).
+        ignored: checkpoint keys outside ``prefix=`` (another part of the network; not loaded
+            and not unexpected).
+        hint: what to change when keys are left unmatched on both sides (``None``: nothing to
+            suggest), e.g. ``"pass prefix='features.' ..."``.
 
     >>> from safetorch import match_keys
     >>> m = match_keys(["module.fc.weight", "extra"], ["fc.weight", "fc.bias"])
@@ -204,6 +211,15 @@ class KeyMatch:
     unmatched_source: List[str] = field(default_factory=list)
     unmatched_target: List[str] = field(default_factory=list)
     rule: str = "exact"
+    ignored: List[str] = field(default_factory=list)
+    hint: Optional[str] = None
+
+
+#: Leading prefixes that training frameworks put in front of a whole model's keys and that
+#: matching strips by itself, from either side: PyTorch Lightning's ``self.model``. Any other
+#: leading path (``features.``, ``0.``) is a real module path: taking a sub-module out of a
+#: larger checkpoint needs an explicit ``prefix=``.
+KNOWN_PREFIXES: Tuple[str, ...] = ("model.",)
 
 
 def _strip_leading(key: str, prefix: str) -> str:
@@ -223,13 +239,25 @@ def _leading_prefixes(keys: Iterable[str], limit: int = 24) -> List[str]:
     counts: Dict[str, int] = collections.Counter()
     for k in keys:
         parts = k.split(".")
-        for depth in (1, 2):
+        for depth in (1, 2, 3):
             if len(parts) > depth:
                 counts[".".join(parts[:depth]) + "."] += 1
     return [p for p, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
 
 
+def known_prefixes(keys: Iterable[str]) -> List[str]:
+    """Every wrapper segment and known leading prefix found in ``keys`` (``["module.", ...]``).
+
+    >>> known_prefixes(["model._orig_mod.fc.weight", "model._orig_mod.fc.bias"])
+    ['model.', '_orig_mod.']
+    """
+    keys = list(keys)
+    found = [p for p in KNOWN_PREFIXES if any(canonical_key(k).startswith(p) for k in keys)]
+    return found + [s + "." for s in _wrapper_segments_in(keys)]
+
+
 _Transform = Tuple[Callable[[str], str], Callable[[str], str], str]
+Shapes = Optional[Mapping[str, Optional[Tuple[int, ...]]]]
 
 
 def _group(keys: Sequence[str], fn: Callable[[str], str]) -> Dict[str, List[str]]:
@@ -246,41 +274,162 @@ def _score(src: Sequence[str], tgt: Sequence[str], transform: _Transform) -> Tup
     return sum(min(len(sg[c]), len(tg[c])) for c in common), sg, tg
 
 
-def match_keys(source_keys: Iterable[str], target_keys: Iterable[str]) -> KeyMatch:
-    """Map checkpoint keys to model keys through wrapper segments and one leading prefix.
+def _normalise_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str such as 'features.', not {type(prefix).__name__}")
+    prefix = canonical_key(prefix.strip(".")) if prefix.strip(".") else ""
+    if not prefix:
+        raise ValueError("prefix='' selects nothing; pass None to match the whole checkpoint")
+    return prefix + "."
 
-    Exact matches win. The remaining keys are compared canonically (wrapper segments dropped
-    on both sides), optionally after stripping one common leading prefix (``model.``,
-    ``net.backbone.``) from the checkpoint side or the model side -- whichever matches most keys.
+
+def _resolve_by_shape(
+    canon: str, s_keys: List[str], t_keys: List[str], s_shapes: Shapes, t_shapes: Shapes
+) -> Optional[Dict[str, str]]:
+    """Pair colliding keys whose shapes identify them uniquely; None if shapes cannot."""
+    if s_shapes is None or t_shapes is None:
+        return None
+    pairs: Dict[str, str] = {}
+    for t in t_keys:
+        shape = t_shapes.get(t)
+        fits = [s for s in s_keys if shape is not None and s_shapes.get(s) == shape]
+        if len(fits) != 1 or fits[0] in pairs:
+            return None
+        pairs[fits[0]] = t
+    return pairs
+
+
+def _shape_text(shapes: Shapes, key: str) -> str:
+    shape = None if shapes is None else shapes.get(key)
+    return "?" if shape is None else str(list(shape))
+
+
+def _suggest(rest_src: Sequence[str], rest_tgt: Sequence[str]) -> Optional[str]:
+    """A prefix that would match most of the keys left over on both sides."""
+    if not rest_src or not rest_tgt:
+        return None
+    canon_tgt = {canonical_key(k) for k in rest_tgt}
+    canon_src = {canonical_key(k) for k in rest_src}
+    best: Tuple[int, str, str] = (0, "", "")
+    for p in _leading_prefixes(canon_src):
+        n = sum(1 for k in canon_src if k.startswith(p) and k[len(p) :] in canon_tgt)
+        if n > best[0]:
+            best = (n, p, "source")
+    for q in _leading_prefixes(canon_tgt):
+        n = sum(1 for k in canon_tgt if k.startswith(q) and k[len(q) :] in canon_src)
+        if n > best[0]:
+            best = (n, q, "target")
+    n, p, side = best
+    if n * 2 < min(len(canon_tgt), len(canon_src)) or n == 0:
+        return None
+    if side == "source":
+        return (
+            f"the model's keys are under {p!r} in the checkpoint ({n} keys): it holds a larger "
+            f"network; to load that part pass prefix={p!r}"
+        )
+    return (
+        f"the checkpoint matches the model's {p[:-1]!r} sub-module ({n} keys): load it into "
+        f"that sub-module (model.{p[:-1]}) instead of the whole model"
+    )
+
+
+def match_keys(
+    source_keys: Iterable[str],
+    target_keys: Iterable[str],
+    *,
+    prefix: Optional[str] = None,
+    source_shapes: Shapes = None,
+    target_shapes: Shapes = None,
+) -> KeyMatch:
+    """Map checkpoint keys to model keys through wrapper segments and known prefixes.
+
+    Exact matches win. The remaining keys are compared canonically (wrapper segments such as
+    ``module.`` and ``_orig_mod.`` dropped anywhere, on both sides), optionally after stripping
+    a known framework prefix (Lightning's ``model.``) from either side -- whichever matches
+    most keys. A real module path (``features.``) is never stripped by itself: pass
+    ``prefix="features."`` to take that sub-module out of a larger checkpoint (checkpoint keys
+    outside it are ``ignored``). When several keys land on one name, shapes (if given) decide
+    when they identify each key uniquely, and the rule says so; otherwise the mapping is
+    refused.
 
     Args:
         source_keys: keys of the checkpoint's state dict.
         target_keys: keys of the model's ``state_dict()``.
+        prefix: take only the checkpoint keys under this module path, with it removed.
+        source_shapes: checkpoint key -> tensor shape (``None`` for non-tensors), optional.
+        target_shapes: model key -> tensor shape, optional.
 
     Returns:
-        A :class:`KeyMatch` with the mapping, the unmatched keys on each side and the rule.
+        A :class:`KeyMatch` with the mapping, the unmatched keys on each side, the rule, the
+        keys ``prefix`` left out, and a hint when keys are left unmatched on both sides.
 
     Raises:
-        CheckpointError: two keys map onto the same key (the error lists the collision).
+        CheckpointError: two keys map onto the same key and shapes cannot tell them apart
+            (the error lists the collision), or ``prefix`` matches no checkpoint key.
+        TypeError: ``prefix`` is not a str.
 
     >>> m = match_keys(["module.fc.weight", "module.fc.bias"], ["fc.weight", "fc.bias"])
     >>> m.mapping["module.fc.weight"], m.rule
     ('fc.weight', "dropped wrapper segment(s) 'module.' from checkpoint keys")
+    >>> m = match_keys(["features.0.weight", "classifier.weight"], ["0.weight"],
+    ...                prefix="features.")
+    >>> m.mapping, m.ignored
+    ({'features.0.weight': '0.weight'}, ['classifier.weight'])
     """
-    src = list(source_keys)
+    src_all = list(source_keys)
     tgt = list(target_keys)
+    ignored: List[str] = []
+    prefix_rule = ""
+    if prefix is not None:
+        p = _normalise_prefix(prefix)
+        inside = [k for k in src_all if canonical_key(k).startswith(p)]
+        if not inside:
+            raise CheckpointError(
+                f"prefix={prefix!r} matches no checkpoint key; its leading module paths are "
+                f"{_leading_prefixes([canonical_key(k) for k in src_all], 8)}"
+            )
+        ignored = [k for k in src_all if not canonical_key(k).startswith(p)]
+        prefix_rule = f"took checkpoint keys under {p!r} ({len(ignored)} other keys ignored)"
+        # Rename the chosen keys first; everything below works on the renamed keys.
+        renamed = {k: canonical_key(k)[len(p) :] for k in inside}
+        sub = match_keys(
+            list(renamed.values()),
+            tgt,
+            source_shapes=None
+            if source_shapes is None
+            else {renamed[k]: source_shapes.get(k) for k in inside},
+            target_shapes=target_shapes,
+        )
+        back = {v: k for k, v in renamed.items()}
+        return KeyMatch(
+            {back[s]: t for s, t in sub.mapping.items()},
+            [back[s] for s in sub.unmatched_source],
+            sub.unmatched_target,
+            prefix_rule if sub.rule == "exact" else f"{prefix_rule}; {sub.rule}",
+            ignored,
+            sub.hint,
+        )
+
+    src = src_all
     tgt_set = set(tgt)
-    mapping = {k: k for k in src if k in tgt_set}
+
+    def same_shape(k: str) -> bool:  # unknown shapes count as the same
+        if source_shapes is None or target_shapes is None:
+            return True
+        a, b = source_shapes.get(k), target_shapes.get(k)
+        return a is None or b is None or a == b
+
+    # An exact name with the wrong shape competes with the other candidates below (a wrapped
+    # copy of the right shape wins); alone, it still maps and is reported as a mismatch.
+    mapping = {k: k for k in src if k in tgt_set and same_shape(k)}
     rest_src = [k for k in src if k not in mapping]
     taken = set(mapping.values())
     rest_tgt = [k for k in tgt if k not in taken]
     if not rest_src or not rest_tgt:
         return KeyMatch(mapping, rest_src, rest_tgt, "exact")
 
-    canon_src = [canonical_key(k) for k in rest_src]
-    canon_tgt = [canonical_key(k) for k in rest_tgt]
     transforms: List[_Transform] = [(canonical_key, canonical_key, "")]
-    for p in _leading_prefixes(canon_src):
+    for p in KNOWN_PREFIXES:
         transforms.append(
             (
                 functools.partial(_canonical_without, prefix=p),
@@ -288,12 +437,11 @@ def match_keys(source_keys: Iterable[str], target_keys: Iterable[str]) -> KeyMat
                 f"stripped leading {p!r} from checkpoint keys",
             )
         )
-    for q in _leading_prefixes(canon_tgt):
         transforms.append(
             (
                 canonical_key,
-                functools.partial(_canonical_without, prefix=q),
-                f"stripped leading {q!r} from model keys",
+                functools.partial(_canonical_without, prefix=p),
+                f"stripped leading {p!r} from model keys",
             )
         )
     best_score, best_sg, best_tg, best = -1, None, None, transforms[0]
@@ -303,19 +451,35 @@ def match_keys(source_keys: Iterable[str], target_keys: Iterable[str]) -> KeyMat
             best_score, best_sg, best_tg, best = score, sg, tg, transform
     assert best_sg is not None and best_tg is not None
     if best_score == 0:
-        return KeyMatch(mapping, rest_src, rest_tgt, "exact")
+        return KeyMatch(mapping, rest_src, rest_tgt, "exact", hint=_suggest(rest_src, rest_tgt))
 
     collisions: List[str] = []
-    for canon in best_sg.keys() & best_tg.keys():
+    by_shape: List[str] = []
+    for canon in sorted(best_sg.keys() & best_tg.keys()):
         s_keys, t_keys = best_sg[canon], best_tg[canon]
         if len(s_keys) == 1 and len(t_keys) == 1:
             mapping[s_keys[0]] = t_keys[0]
-        else:
-            collisions.append(f"checkpoint {s_keys} vs model {t_keys} (both -> {canon!r})")
+            continue
+        pairs = _resolve_by_shape(canon, s_keys, t_keys, source_shapes, target_shapes)
+        if pairs is None:
+            collisions.append(
+                f"checkpoint {[f'{k} {_shape_text(source_shapes, k)}' for k in s_keys]} vs "
+                f"model {[f'{k} {_shape_text(target_shapes, k)}' for k in t_keys]} "
+                f"(all -> {canon!r})"
+            )
+            continue
+        mapping.update(pairs)
+        for s, t in pairs.items():
+            left = [k for k in s_keys if k != s]
+            by_shape.append(
+                f"{s!r} -> {t!r} by shape {_shape_text(target_shapes, t)}"
+                + (f" (not {', '.join(map(repr, left))})" if left else "")
+            )
     if collisions:
         raise CheckpointError(
-            "ambiguous key mapping between checkpoint and model: "
-            + "; ".join(sorted(collisions)[:10])
+            "ambiguous key mapping between checkpoint and model, and shapes do not tell the "
+            "keys apart: "
+            + "; ".join(collisions[:10])
             + (f" (and {len(collisions) - 10} more)" if len(collisions) > 10 else "")
             + ". Remove the duplicate entries, or rename the keys yourself and pass the "
             "state dict to st.load_state_dict."
@@ -339,11 +503,12 @@ def match_keys(source_keys: Iterable[str], target_keys: Iterable[str]) -> KeyMat
         )
     if best[2]:
         parts.append(best[2])
+    if by_shape:
+        parts.append("resolved colliding keys by shape: " + "; ".join(by_shape))
+    left_src = [k for k in rest_src if k not in mapping]
+    left_tgt = [k for k in rest_tgt if k not in matched_tgt]
     return KeyMatch(
-        mapping,
-        [k for k in rest_src if k not in mapping],
-        [k for k in rest_tgt if k not in matched_tgt],
-        "; ".join(parts) or "exact",
+        mapping, left_src, left_tgt, "; ".join(parts) or "exact", hint=_suggest(left_src, left_tgt)
     )
 
 
@@ -353,25 +518,41 @@ def _target_keys(target: Union[nn.Module, Iterable[str]]) -> List[str]:
     return list(target)
 
 
+def _shapes_of(obj: Any) -> Shapes:
+    if isinstance(obj, nn.Module):
+        obj = obj.state_dict(keep_vars=True)
+    if isinstance(obj, Mapping):
+        return {k: tensor_shape(v) for k, v in obj.items()}
+    return None
+
+
 def remap_state_dict(
-    state_dict: Mapping[str, Any], target: Union[nn.Module, Iterable[str]]
+    state_dict: Mapping[str, Any],
+    target: Union[nn.Module, Mapping[str, Any], Iterable[str]],
+    *,
+    prefix: Optional[str] = None,
 ) -> Tuple["collections.OrderedDict[str, Any]", KeyMatch]:
     """Rename a state dict's keys to the keys ``target`` expects; tensors are not copied.
 
-    This is the key logic behind :func:`safetorch.load_state_dict`, public so that monkeypatch
-    mode (or your own code) can fix the keys before calling ``Module.load_state_dict``.
-    Unmatched checkpoint keys are kept under their original names, so torch still reports
-    them as unexpected.
+    This is the key logic behind :func:`safetorch.load_state_dict`, public so that your own
+    code can fix the keys before calling ``Module.load_state_dict``. Unmatched checkpoint keys
+    are kept under their original names, so torch still reports them as unexpected; keys
+    outside ``prefix`` are left out (``key_match.ignored``).
 
     Args:
         state_dict: the checkpoint's state dict.
-        target: the model, or the keys of its ``state_dict()``.
+        target: the model, its ``state_dict()`` (shapes then settle colliding keys), or the
+            keys of its ``state_dict()``.
+        prefix: take only the checkpoint keys under this module path (``"features."``), with
+            it removed: a sub-module out of a larger checkpoint.
 
     Returns:
         ``(renamed_state_dict, key_match)``; ``key_match.rule`` describes the renaming.
 
     Raises:
         CheckpointError: the mapping is ambiguous (the error lists the collision).
+        TypeError: ``state_dict`` is not a mapping, or ``target`` is not a module, a mapping
+            or an iterable of keys.
 
     >>> import torch
     >>> model = torch.nn.Linear(2, 2)
@@ -382,11 +563,32 @@ def remap_state_dict(
     >>> model.load_state_dict(new_sd)
     <All keys matched successfully>
     """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"remap_state_dict(state_dict=...) expects a mapping of str keys to tensors, got "
+            f"{type(state_dict).__name__}"
+        )
+    if isinstance(target, (str, bytes)) or not isinstance(target, (nn.Module, Iterable)):
+        raise TypeError(
+            f"remap_state_dict(target=...) expects an nn.Module, its state_dict() or its keys, "
+            f"got {type(target).__name__}"
+        )
     tgt = _target_keys(target)
-    match = match_keys(state_dict.keys(), tgt)
+    match = match_keys(
+        state_dict.keys(),
+        tgt,
+        prefix=prefix,
+        source_shapes=_shapes_of(state_dict),
+        target_shapes=_shapes_of(target),
+    )
+    ignored = set(match.ignored)
+    taken = set(match.mapping.values())
     out: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
     for key, value in state_dict.items():
-        out[match.mapping.get(key, key)] = value
+        if key in match.mapping:
+            out[match.mapping[key]] = value
+        elif key not in ignored and key not in taken:  # never overwrite a matched entry
+            out[key] = value
     meta = getattr(state_dict, "_metadata", None)
     if meta is not None:
         prefixes = {""}
@@ -396,16 +598,18 @@ def remap_state_dict(
                 prefixes.add(".".join(parts[:i]))
 
         # Module prefixes follow the parameter renaming: rename "<prefix>.\0" like a key.
-        def encode(prefix: str) -> str:
-            return f"{prefix}.\0" if prefix else "\0"
+        def encode(module_prefix: str) -> str:
+            return f"{module_prefix}.\0" if module_prefix else "\0"
 
         try:
-            renamed = match_keys([encode(p) for p in meta], [encode(p) for p in prefixes])
+            renamed = match_keys(
+                [encode(p) for p in meta], [encode(p) for p in prefixes], prefix=prefix
+            )
         except CheckpointError:  # ambiguous module prefixes: keep no version metadata
             renamed = KeyMatch({})
 
-        def rename(prefix: str) -> Optional[str]:
-            new = renamed.mapping.get(encode(prefix))
+        def rename(module_prefix: str) -> Optional[str]:
+            new = renamed.mapping.get(encode(module_prefix))
             return None if new is None else new[:-1].rstrip(".")
 
         _copy_metadata(state_dict, out, rename)
@@ -435,6 +639,23 @@ def is_state_dict(obj: Any) -> bool:
 
 def _is_ema_key(key: str) -> bool:
     return "ema" in key.lower().replace("-", "_").replace(".", "_").split("_")
+
+
+def state_dict_keys(obj: Any) -> List[str]:
+    """Container keys of every state dict a checkpoint dict holds (EMA copies included).
+
+    >>> import torch
+    >>> sd = torch.nn.Linear(1, 1).state_dict()
+    >>> state_dict_keys({"epoch": 3, "state_dict": sd, "state_dict_ema": sd})
+    ['state_dict', 'state_dict_ema']
+    """
+    if not isinstance(obj, Mapping) or is_state_dict(obj):
+        return []
+    return [
+        k
+        for k, v in obj.items()
+        if isinstance(k, str) and (is_state_dict(v) or isinstance(v, nn.Module))
+    ]
 
 
 def find_state_dict(obj: Any, key: Optional[str] = None) -> Tuple[Mapping[str, Any], Optional[str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Optional, Tuple
 
 __all__ = ["LoadReport", "group_keys"]
 
@@ -36,24 +36,40 @@ def group_keys(keys: Iterable[str]) -> List[str]:
 Mismatch = Tuple[str, Tuple[int, ...], Tuple[int, ...]]
 
 
-@dataclass
+@dataclass(repr=False)
 class LoadReport:
     """The outcome of :func:`safetorch.load_state_dict`.
 
+    It also behaves like the ``_IncompatibleKeys`` named tuple ``Module.load_state_dict``
+    returns: ``missing_keys`` and ``unexpected_keys`` are there, and it unpacks, indexes and
+    iterates as ``(missing_keys, unexpected_keys)``, so ``missing, unexpected =
+    model.load_state_dict(...)`` keeps working under the ``state_dict`` patch.
+
     Attributes:
-        loaded: model keys that received a value from the checkpoint.
-        missing: model keys the checkpoint has no value for.
-        unexpected: checkpoint keys that match no model key (original checkpoint names).
+        loaded: model keys that received a value from the checkpoint (with ``refused``: that
+            would have received one).
+        missing: model keys the checkpoint has no value for (also ``missing_keys``).
+        unexpected: checkpoint keys that match no model key, original names (also
+            ``unexpected_keys``).
         mismatched: ``(model key, checkpoint shape, model shape)`` for skipped shape mismatches.
         rule: how checkpoint keys were renamed (``"exact"`` when they were not).
         source_key: the container key the state dict was taken from (``None``: top level).
         n_averaged: AveragedModel's ``n_averaged`` counter found in the checkpoint, reported
             rather than loaded (``None`` when absent).
         strict: whether the load was strict.
+        hint: what to change when the keys do not match (e.g. ``prefix='features.'``).
+        other_state_dicts: container keys of the other state dicts in the checkpoint
+            (``state_dict_ema``, ...), which were not loaded.
+        refused: a strict load found mismatches and loaded nothing.
+        source: for a directory, a shard index or a DCP checkpoint: which layout and file the
+            weights came from (e.g. ``"model.safetensors.index.json in 'run/'"``).
 
     >>> r = LoadReport(loaded=["fc.weight", "fc.bias"], missing=["head.weight"])
     >>> r.ok
     False
+    >>> missing, unexpected = r
+    >>> missing, r.unexpected_keys
+    (['head.weight'], [])
     >>> print(r)
     LoadReport: 2 loaded, 1 missing, 0 unexpected, 0 mismatched
       rule: exact
@@ -69,7 +85,40 @@ class LoadReport:
     source_key: Optional[str] = None
     n_averaged: Optional[int] = None
     strict: bool = True
+    hint: Optional[str] = None
+    other_state_dicts: List[str] = field(default_factory=list)
+    refused: bool = False
+    source: Optional[str] = None
 
+    # --- torch's _IncompatibleKeys(missing_keys, unexpected_keys) ------------------------------
+    _fields: ClassVar[Tuple[str, str]] = ("missing_keys", "unexpected_keys")
+
+    @property
+    def missing_keys(self) -> List[str]:
+        """Model keys the checkpoint has no value for (torch's name for ``missing``)."""
+        return self.missing
+
+    @property
+    def unexpected_keys(self) -> List[str]:
+        """Checkpoint keys that match no model key (torch's name for ``unexpected``)."""
+        return self.unexpected
+
+    def _as_tuple(self) -> Tuple[List[str], List[str]]:
+        return (self.missing, self.unexpected)
+
+    def __iter__(self) -> Iterator[List[str]]:
+        return iter(self._as_tuple())
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._as_tuple()[index]
+
+    def _asdict(self) -> Dict[str, List[str]]:
+        return {"missing_keys": self.missing, "unexpected_keys": self.unexpected}
+
+    # --- text ----------------------------------------------------------------------------------
     @property
     def ok(self) -> bool:
         """True when every model key was loaded and every checkpoint key was used."""
@@ -77,20 +126,35 @@ class LoadReport:
 
     def summary(self) -> str:
         """The first line of ``str(report)``."""
+        counts = (
+            f"{len(self.missing)} missing, {len(self.unexpected)} unexpected, "
+            f"{len(self.mismatched)} mismatched"
+        )
+        if self.refused:
+            return f"LoadReport: nothing loaded (refused); {len(self.loaded)} would load, {counts}"
+        return f"LoadReport: {len(self.loaded)} loaded, {counts}"
+
+    def __repr__(self) -> str:
         return (
-            f"LoadReport: {len(self.loaded)} loaded, {len(self.missing)} missing, "
-            f"{len(self.unexpected)} unexpected, {len(self.mismatched)} mismatched"
+            f"LoadReport(missing_keys={self.missing!r}, unexpected_keys={self.unexpected!r}, "
+            f"loaded={len(self.loaded)}, mismatched={self.mismatched!r}, rule={self.rule!r})"
         )
 
     def __str__(self) -> str:
         lines = [self.summary()]
+        if self.source is not None:
+            lines.append(f"  source: {self.source}")
         if self.source_key is not None:
             lines.append(f"  source key: {self.source_key!r}")
         lines.append(f"  rule: {self.rule}")
-        for name in ("loaded", "missing", "unexpected"):
-            keys = getattr(self, name)
+        labels: List[Tuple[str, List[str]]] = [
+            ("would load" if self.refused else "loaded", self.loaded),
+            ("missing", self.missing),
+            ("unexpected", self.unexpected),
+        ]
+        for label, keys in labels:
             if keys:
-                lines.append(f"  {name}: " + ", ".join(group_keys(keys)))
+                lines.append(f"  {label}: " + ", ".join(group_keys(keys)))
         for key, ckpt_shape, model_shape in self.mismatched:
             lines.append(
                 f"  mismatched: {key} checkpoint {list(ckpt_shape)} vs model {list(model_shape)}"
@@ -99,4 +163,12 @@ class LoadReport:
             lines.append(
                 f"  n_averaged: {self.n_averaged} (AveragedModel counter, not loaded into the model)"
             )
+        if self.other_state_dicts:
+            others = ", ".join(repr(k) for k in self.other_state_dicts)
+            lines.append(
+                f"  also in the checkpoint: {others} (not loaded; pick one with "
+                f"key={self.other_state_dicts[0]!r})"
+            )
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
         return "\n".join(lines)

@@ -416,6 +416,7 @@ def lint_model(model: nn.Module, example_input: Any = None, *, fix: bool = False
         The findings (for ``fix=True``, those found before fixing), in model order.
 
     Raises:
+        TypeError: ``model`` is not an ``nn.Module`` (or ``fix`` not a bool).
         Exception: Whatever ``model(example_input)`` raises, unless a ``bn-batch-of-one``
             finding explains it (a BatchNorm without running statistics fails on a batch of
             one even in eval mode).
@@ -428,6 +429,13 @@ def lint_model(model: nn.Module, example_input: Any = None, *, fix: bool = False
     >>> model[0].bias is None, st.lint_model(model)
     (True, [])
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"lint_model(model=...) expects a torch.nn.Module, got {type(model).__name__}"
+            + (" (a path or name? build the model first)" if isinstance(model, str) else "")
+        )
+    if not isinstance(fix, bool):
+        raise TypeError(f"lint_model(fix=...) expects a bool, got {type(fix).__name__}")
     shapes: Dict[str, Tuple[int, ...]] = {}
     hook_nodes: Optional[List[_Node]] = None
     error: Optional[BaseException] = None

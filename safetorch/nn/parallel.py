@@ -23,7 +23,7 @@ from torch.nn.parallel._functions import Scatter
 
 from safetorch._nest import map_tensors
 from safetorch._stack import user_stacklevel
-from safetorch.errors import SafetorchWarning
+from safetorch.errors import DistributedWarning
 
 __all__ = ["BalancedDataParallel"]
 
@@ -172,7 +172,7 @@ class BalancedDataParallel(torch.nn.DataParallel):
                 f"batch of {batch_size} over {len(self.device_ids)} devices; splitting it "
                 f"evenly ({sizes}). Lower gpu0_bsz to at most "
                 f"{math.ceil(batch_size / len(self.device_ids))}.",
-                SafetorchWarning,
+                DistributedWarning,
                 stacklevel=user_stacklevel(),
             )
         return sizes
@@ -216,6 +216,6 @@ def _advise_ddp() -> None:
         "BalancedDataParallel balances memory under nn.DataParallel (one process, threads); "
         "torch.nn.parallel.DistributedDataParallel (one process per GPU) is faster and "
         "balanced by construction, and is the recommended tool.",
-        SafetorchWarning,
+        DistributedWarning,
         stacklevel=user_stacklevel(),
     )

@@ -1,40 +1,100 @@
-"""``safetorch run``, ``safetorch install-hook``, ``safetorch uninstall-hook``."""
+"""``safetorch run``, ``safetorch install-hook``, ``safetorch uninstall-hook``.
+
+Expected failures end in one line on stderr naming the value and the fix. ``run`` exits as
+``python`` does (2 for a script that cannot be opened, 1 for a directory without
+``__main__.py`` or a module that cannot be found, the program's own status otherwise), and
+2 for bad safetorch options; the hook commands exit 2 for a bad ``--dir``, 1 when the file
+cannot be written or removed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+from typing import List
 
 __all__: list = []
 
+# "module.Name" or "package.module.Outer.Inner": what --allow accepts.
+_GLOBAL_NAME = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
+
+
+def _fail(command: str, message: str, status: int = 2) -> int:
+    sys.stderr.write(f"safetorch {command}: {message}\n")
+    return status
+
+
+def _allow_list(values: List[str]) -> List[str]:
+    out: List[str] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not _GLOBAL_NAME.match(part):
+                raise ValueError(
+                    f"--allow {part!r} is not a global name; expected MODULE.NAME such as "
+                    "mypkg.config.TrainConfig (the name the refusal message lists)"
+                )
+            out.append(part)
+    return out
+
 
 def _run(args: argparse.Namespace) -> int:
-    from safetorch.patching import runner
+    from safetorch.patching import registry, runner
 
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         kind = "MODULE" if args.module else "SCRIPT"
-        sys.stderr.write(f"safetorch run: missing {kind}; usage: safetorch run [-m] {kind} ...\n")
-        return 2
+        return _fail("run", f"missing {kind}; usage: safetorch run [OPTIONS] [-m] {kind} [ARGS...]")
     try:
-        names = [args.patch] if args.patch else ["all"]
-        from safetorch.patching import registry
-
-        registry.resolve_names(names, default_all=True)
+        names = registry.resolve_names(args.patch or ["all"], default_all=True)
+        allow = _allow_list(args.allow or [])
     except ValueError as exc:
-        sys.stderr.write(f"safetorch run: {exc}\n")
-        return 2
+        return _fail("run", str(exc))
+    problem = runner.check_target(argv[0], module=args.module)
+    if problem is not None:
+        message, status = problem
+        return _fail("run", message, status)
     return runner.run(
-        argv[0], argv[1:], module=args.module, patches=names, report=not args.no_report
+        argv[0], argv[1:], module=args.module, patches=names, report=not args.no_report, allow=allow
     )
+
+
+def _check_dir(command: str, directory: str) -> int:
+    if not os.path.exists(directory):
+        return _fail(
+            command,
+            f"--dir {directory!r} does not exist; pass an existing site-packages directory "
+            "(default: this interpreter's)",
+        )
+    if not os.path.isdir(directory):
+        return _fail(
+            command, f"--dir {directory!r} is not a directory; pass a site-packages directory"
+        )
+    return 0
 
 
 def _install(args: argparse.Namespace) -> int:
     from safetorch.patching import hook
 
-    path = hook.install(args.dir)
+    directory = args.dir or hook.default_dir()
+    bad = _check_dir("install-hook", directory)
+    if bad:
+        return bad
+    try:
+        path = hook.install(directory)
+    except OSError as exc:
+        return _fail(
+            "install-hook",
+            f"cannot write {os.path.join(directory, hook.PTH_NAME)!r}: {exc.strerror or exc}; "
+            "pass a writable site-packages directory with --dir",
+            1,
+        )
     print(f"installed {path}: SAFETORCH_PATCH=all python script.py now runs with patches on")
     return 0
 
@@ -42,8 +102,19 @@ def _install(args: argparse.Namespace) -> int:
 def _uninstall(args: argparse.Namespace) -> int:
     from safetorch.patching import hook
 
-    path = hook.uninstall(args.dir)
-    print(f"removed {path}" if path else "no safetorch hook installed")
+    directory = args.dir or hook.default_dir()
+    bad = _check_dir("uninstall-hook", directory)
+    if bad:
+        return bad
+    try:
+        path = hook.uninstall(directory)
+    except OSError as exc:
+        return _fail(
+            "uninstall-hook",
+            f"cannot remove {os.path.join(directory, hook.PTH_NAME)!r}: {exc.strerror or exc}",
+            1,
+        )
+    print(f"removed {path}" if path else f"no safetorch hook installed in {directory}")
     return 0
 
 
@@ -59,9 +130,18 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     )
     run.add_argument(
         "--patch",
-        default="all",
+        action="append",
+        default=None,
         metavar="NAMES",
-        help="comma-separated patch names, or 'all' (default); see st.patches()",
+        help="patch names (repeatable, or comma-separated), or 'all' (default); see st.patches()",
+    )
+    run.add_argument(
+        "--allow",
+        action="append",
+        default=None,
+        metavar="MODULE.NAME",
+        help="a global that checkpoints loaded through torch.load may reference (repeatable; "
+        "also SAFETORCH_ALLOW=a.B,c.D); only for files you trust to contain it",
     )
     run.add_argument("--no-report", action="store_true", help="do not print the report")
     run.add_argument(

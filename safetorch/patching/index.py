@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, Optional, Tuple
 
+import torch
+
 from safetorch import _device
 from safetorch.patching import registry
 
@@ -32,9 +34,25 @@ def _unchecked(device_type: str) -> bool:
     return device_type in _device._unchecked
 
 
+_Tensor = torch.Tensor
+_uint8 = torch.uint8
+
+
+def _may_warn(index: Any) -> bool:
+    """Whether torch warns for this index (uint8 masks are deprecated, warned per call)."""
+    if type(index) is _Tensor or isinstance(index, _Tensor):
+        return index.dtype is _uint8
+    if type(index) is tuple or type(index) is list:
+        return any(isinstance(i, _Tensor) and i.dtype is _uint8 for i in index)
+    return False
+
+
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     # CPU first: `is_cpu` costs ~0.1 us where `device.type` costs ~0.7 us.
     if instance.is_cpu and _device.cpu_unchecked:
+        if args and type(args[0]) is not int and _may_warn(args[0]):
+            # torch's C++ warning would name this frame: re-attribute it to the caller.
+            return registry.call_attributing_warnings(wrapped, *args, **kwargs)
         return wrapped(*args, **kwargs)
     if _unchecked(instance.device.type) or registry.nested(_NAME) or kwargs or len(args) != 1:
         return wrapped(*args, **kwargs)
@@ -42,7 +60,7 @@ def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[st
         return wrapped(*args, **kwargs)
     registry.record(_NAME, f"x[index] -> st.checked_index ({instance.device.type})")
     with registry.reentry(_NAME):
-        return _tensor.checked_index(instance, args[0])
+        return registry.call_attributing_warnings(_tensor.checked_index, instance, args[0])
 
 
 def _bind(
@@ -84,7 +102,7 @@ def _select_like(op: str, label: str, extra: Tuple[str, ...]) -> Any:
         x, dim, index, rest = bound
         registry.record(_NAME, f"{label} -> st.{op} ({device.type})")
         with registry.reentry(_NAME):
-            return getattr(_tensor, op)(x, dim, index, **rest)
+            return registry.call_attributing_warnings(getattr(_tensor, op), x, dim, index, **rest)
 
     return wrapper
 
@@ -97,18 +115,30 @@ PATCH = registry.declare(
             "(CUDA, ROCm, MPS, ...); CPU calls torch at once"
         ),
         targets=(
-            registry.Target("torch", "Tensor.__getitem__", _getitem),
+            registry.Target("torch", "Tensor.__getitem__", _getitem, attribute_warnings=False),
             registry.Target(
-                "torch", "Tensor.index_select", _select_like("index_select", "x.index_select", ())
+                "torch",
+                "Tensor.index_select",
+                _select_like("index_select", "x.index_select", ()),
+                attribute_warnings=False,
             ),
             registry.Target(
-                "torch", "Tensor.gather", _select_like("gather", "x.gather", ("sparse_grad",))
+                "torch",
+                "Tensor.gather",
+                _select_like("gather", "x.gather", ("sparse_grad",)),
+                attribute_warnings=False,
             ),
             registry.Target(
-                "torch", "index_select", _select_like("index_select", "torch.index_select", ())
+                "torch",
+                "index_select",
+                _select_like("index_select", "torch.index_select", ()),
+                attribute_warnings=False,
             ),
             registry.Target(
-                "torch", "gather", _select_like("gather", "torch.gather", ("sparse_grad",))
+                "torch",
+                "gather",
+                _select_like("gather", "torch.gather", ("sparse_grad",)),
+                attribute_warnings=False,
             ),
         ),
         implementation=("safetorch.tensor", "checked_index"),

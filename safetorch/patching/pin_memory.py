@@ -68,7 +68,10 @@ PATCH = registry.declare(
             "silently off without an accelerator"
         ),
         targets=(
-            registry.Target("torch.utils.data._utils.pin_memory", "pin_memory", _pin),
+            # Runs on the DataLoader's pin-memory thread: no global warning-state swaps there.
+            registry.Target(
+                "torch.utils.data._utils.pin_memory", "pin_memory", _pin, attribute_warnings=False
+            ),
             registry.Target(
                 "torch.utils.data.dataloader", "_BaseDataLoaderIter.__init__", _iter_init
             ),

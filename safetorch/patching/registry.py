@@ -40,7 +40,7 @@ import wrapt
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.errors import SafetorchWarning
+from safetorch.errors import PatchWarning
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
 
@@ -57,6 +57,11 @@ class Target:
     module: str
     path: str
     wrapper: WrapperFn = field(compare=False, repr=False)
+    # Re-attribute warnings raised inside the call to the caller's line (see
+    # call_attributing_warnings). Off for hot paths (which do it themselves when a warning is
+    # possible) and for calls made on helper threads (pin memory), where swapping the global
+    # warning state would race with the main thread.
+    attribute_warnings: bool = field(default=True, compare=False, repr=False)
 
     @property
     def qualname(self) -> str:
@@ -135,11 +140,24 @@ def resolve_names(names: Sequence[str], *, default_all: bool) -> List[str]:
     """Validate names; ``"all"`` (or nothing, when ``default_all``) means every patch."""
     with _lock:
         known = list(_declared)
+    flat: List[str] = []
+    for n in names:  # st.patch("a,b"), st.patch("a", "b") and st.patch(["a", "b"]) alike
+        if isinstance(n, (list, tuple, set, frozenset)):
+            flat.extend(n)
+        else:
+            flat.append(n)
+    for n in flat:
+        if not isinstance(n, str):
+            raise TypeError(
+                f"patch names must be str (or lists of str), got {type(n).__name__}: {n!r}; "
+                "see st.patches()"
+            )
+    names = flat
     if not names:
         return known if default_all else []
     out: List[str] = []
     for n in names:
-        for part in str(n).split(","):
+        for part in n.split(","):
             part = part.strip()
             if not part:
                 continue
@@ -173,7 +191,9 @@ def _apply_target(name: str, t: Target) -> None:
     if isinstance(original, wrapt.FunctionWrapper) and getattr(original, "_self_safetorch", None):
         return  # already ours (e.g. a second registry after a reload): never wrap twice
     own = attr in vars(parent)
-    wrapper = wrapt.FunctionWrapper(original, t.wrapper)
+    wrapper = wrapt.FunctionWrapper(
+        original, _attributing(t.wrapper) if t.attribute_warnings else t.wrapper
+    )
     wrapper._self_safetorch = name  # type: ignore[attr-defined]  # stays on the proxy
     if not isinstance(parent, type):
         register_with_dynamo(wrapper)  # module functions; methods reach dynamo as methods
@@ -189,7 +209,7 @@ def _restore(key: Tuple[str, str, str]) -> None:
         warnings.warn(
             f"safetorch unpatch: {key[1]}.{key[2]} was replaced by another object after "
             f"patch {key[0]!r} wrapped it; leaving that object in place",
-            SafetorchWarning,
+            PatchWarning,
             stacklevel=user_stacklevel(),
         )
         return
@@ -553,13 +573,55 @@ class _Stat:
 
 
 _stats: Dict[Tuple[str, str], _Stat] = {}
+_calls: Dict[str, _Stat] = {}  # changed calls per patch (a call may make several changes)
 _stats_lock = threading.Lock()
+_scopes = threading.local()
+
+
+class counted_call:
+    """``with counted_call(patch):`` -- every :func:`record` inside is one call's change.
+
+    Without it each :func:`record` counts one call. A wrapper that may make several changes
+    in one call (``torch.load``: the weights_only default, then CUDA storages mapped to the
+    CPU) records them inside one ``counted_call``, so the report says "1 call changed (2
+    changes)" rather than "2 calls changed".
+    """
+
+    __slots__ = ("_patch", "_outer")
+
+    def __init__(self, patch: str) -> None:
+        self._patch = patch
+
+    def __enter__(self) -> None:
+        open_scopes = _scopes.__dict__.setdefault("open", {})
+        self._outer = self._patch not in open_scopes
+        if self._outer:
+            open_scopes[self._patch] = False  # no call counted yet
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer:
+            del _scopes.open[self._patch]
+
+
+def _count_call(patch: str) -> None:
+    open_scopes: Optional[Dict[str, bool]] = _scopes.__dict__.get("open")
+    if open_scopes is not None and patch in open_scopes:
+        if open_scopes[patch]:
+            return  # this call was already counted
+        open_scopes[patch] = True
+    stat = _calls.get(patch)
+    if stat is None:
+        with _stats_lock:
+            stat = _calls.setdefault(patch, _Stat("", ""))
+    next(stat.counter)
 
 
 def record(patch: str, kind: str, detail: str = "") -> None:
-    """Count one changed call of ``kind`` under ``patch``; the first one keeps its call site.
+    """Count one change of ``kind`` under ``patch``; the first one keeps its call site.
 
-    Nothing is counted while dynamo traces (a compiled graph has no Python call to count).
+    Each record is also one changed call, unless it happens inside :class:`counted_call`,
+    where all records of the same patch make one call. Nothing is counted while dynamo
+    traces (a compiled graph has no Python call to count).
     """
     if compiling():
         return
@@ -569,6 +631,13 @@ def record(patch: str, kind: str, detail: str = "") -> None:
         with _stats_lock:
             stat = _stats.setdefault((patch, kind), _Stat(site, detail))
     next(stat.counter)
+    _count_call(patch)
+
+
+def call_count(patch: str) -> int:
+    """How many calls ``patch`` changed (each may have made several changes)."""
+    stat = _calls.get(patch)
+    return 0 if stat is None else stat.count
 
 
 @dataclass(frozen=True)
@@ -593,6 +662,120 @@ def report_entries() -> List[ReportEntry]:
 def reset_counts() -> None:
     with _stats_lock:
         _stats.clear()
+        _calls.clear()
+
+
+# --- --allow / SAFETORCH_ALLOW -----------------------------------------------------------------
+ALLOW_ENV = "SAFETORCH_ALLOW"
+
+
+def allowed_globals() -> Tuple[str, ...]:
+    """Globals the ``load`` patch allows in weights-only loads: ``safetorch run --allow``.
+
+    ``safetorch run --allow mypkg.Config`` (repeatable) and the environment variable
+    ``SAFETORCH_ALLOW=mypkg.Config,other.Name`` (comma-separated; child processes inherit
+    it) name ``"module.Name"`` globals that a checkpoint loaded through the patched
+    ``torch.load`` may reference, as ``st.load(..., allow=[...])`` does for one call.
+
+    Returns:
+        The names, in order, without duplicates (empty when nothing is configured).
+    """
+    raw = os.environ.get(ALLOW_ENV, "")
+    return tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
+
+
+# --- warnings raised inside patched calls -----------------------------------------------------
+_WARNING_REGISTRIES: Dict[str, Dict[Any, Any]] = {}
+
+
+def _user_frame() -> Any:
+    library = _SKIP_ALWAYS + _torch_dir()
+    frame: Any = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(library):
+        frame = frame.f_back
+    return frame
+
+
+def _reemit(caught: List[warnings.WarningMessage]) -> None:
+    """Warn again as ``warnings.warn`` would have, with lines inside safetorch or wrapt
+    replaced by the caller's line in user code (whose filters and registry then apply)."""
+    user = None
+    for w in caught:
+        if not w.filename.startswith(_SKIP_ALWAYS):  # torch attributed it itself: keep that
+            warnings.warn_explicit(
+                w.message,
+                w.category,
+                w.filename,
+                w.lineno,
+                registry=_WARNING_REGISTRIES.setdefault(w.filename, {}),
+                source=w.source,
+            )
+            continue
+        user = user or _user_frame()
+        if user is None:  # no user frame at all: keep the original attribution
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+            continue
+        g = user.f_globals
+        warnings.warn_explicit(
+            w.message,
+            w.category,
+            user.f_code.co_filename,
+            user.f_lineno,
+            module=g.get("__name__"),
+            registry=g.setdefault("__warningregistry__", {}),
+            module_globals=g,
+            source=w.source,
+        )
+
+
+def call_attributing_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, with warnings raised inside attributed to the caller's line.
+
+    A warning that torch raises from C++ (``x[uint8_mask]``) is attributed to the innermost
+    Python frame, which inside a patched call is safetorch's wrapper: the once-per-location
+    filter would then merge warnings from different user lines, and filters keyed on the
+    user's module would stop matching. The warnings are caught (under a temporary "always"
+    filter, so the wrapper frame's registry sees nothing) and issued again from the first frame outside
+    safetorch, wrapt and torch, through that module's ``__warningregistry__``: what a
+    direct torch call shows. They are issued when the call returns or raises (an "error"
+    filter raises then). The warning state is process-global in Python < 3.14, so this is
+    used only on calls made from the user's thread, never on the pin-memory thread.
+    """
+    if _scopes.__dict__.get("attributing"):
+        return fn(*args, **kwargs)  # an outer patched call re-attributes everything
+    caught: List[warnings.WarningMessage] = []
+
+    def record(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+        caught.append(warnings.WarningMessage(message, category, filename, lineno))
+
+    # Not warnings.catch_warnings: entering and leaving it bumps the filters' version, which
+    # empties every module's once-per-location registry, so "default" filters would show a
+    # repeated warning every time. Mutating the list in place keeps the registries.
+    always = ("always", None, Warning, None, 0)
+    filters: List[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
+    shown = warnings.showwarning
+    filters.insert(0, always)
+    warnings.showwarning = record  # type: ignore[assignment]
+    _scopes.attributing = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _scopes.attributing = False
+        warnings.showwarning = shown
+        for i, entry in enumerate(filters):
+            if entry is always:
+                del filters[i]
+                break
+        if caught:
+            _reemit(caught)
+
+
+def _attributing(wrapper: WrapperFn) -> WrapperFn:
+    def attributing(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+        return call_attributing_warnings(wrapper, wrapped, instance, args, kwargs)
+
+    attributing.__wrapped__ = wrapper  # type: ignore[attr-defined]
+    return attributing
 
 
 def iter_applied() -> Iterator[Tuple[str, str, str]]:

@@ -14,8 +14,10 @@ What "exactly" covers, and how:
 * Patches go on *before* the program imports anything of its own, so even names it binds
   at import (``from torch.nn.functional import upsample``) are the wrappers.
 * Exit status: ``SystemExit`` propagates untouched; an uncaught exception prints the same
-  traceback ``python`` prints (runner and runpy frames removed, through ``sys.excepthook``)
-  and exits 1; an uncaught ``KeyboardInterrupt`` ends the process by SIGINT, as CPython does.
+  traceback ``python`` prints (runner, runpy, safetorch and wrapt frames removed, through
+  ``sys.excepthook``) and exits 1; a script that cannot be opened exits 2 and a directory
+  without ``__main__.py`` or a missing module 1, with python's one-line message and no
+  report; an uncaught ``KeyboardInterrupt`` ends the process by SIGINT, as CPython does.
 * Child processes: ``SAFETORCH_PATCH`` is exported, ``fork`` children inherit the patched
   interpreter, and ``spawn`` children (multiprocessing, DataLoader workers,
   torch.multiprocessing.spawn) run ``import safetorch.patching._boot`` before
@@ -48,6 +50,9 @@ ENV_VAR = "SAFETORCH_PATCH"
 _BOOT = "import safetorch.patching._boot; "
 _HERE = os.path.abspath(__file__)
 _RUNPY = os.path.abspath(runpy.__file__)
+# runpy's own "cannot find/run this module" error (an ImportError subclass); an ImportError
+# raised by the module's code is not one.
+_RUNPY_ERROR: Any = getattr(runpy, "_Error", ())
 
 
 def _short(site: str) -> str:
@@ -60,9 +65,13 @@ def _short(site: str) -> str:
 
 
 def format_report(names: Sequence[str]) -> str:
-    """The end-of-run report: per patch, changed calls by kind with their first call site."""
+    """The end-of-run report: per patch, the calls it changed, then each kind of change with
+    its count and first call site (one call may make several changes)."""
     entries = registry.report_entries()
     lines = [f"safetorch run: patches on: {', '.join(names) or 'none'}"]
+    allowed = registry.allowed_globals()
+    if allowed:
+        lines.append(f"  allowed globals (--allow / {registry.ALLOW_ENV}): {', '.join(allowed)}")
     by_patch: Dict[str, List[registry.ReportEntry]] = {}
     for e in entries:
         by_patch.setdefault(e.patch, []).append(e)
@@ -72,8 +81,12 @@ def format_report(names: Sequence[str]) -> str:
         if not found:
             lines.append(f"  {name:<{width}}  no call changed")
             continue
-        total = sum(e.count for e in found)
-        lines.append(f"  {name:<{width}}  {total} call{'s' if total != 1 else ''} changed")
+        calls = registry.call_count(name)
+        changes = sum(e.count for e in found)
+        head = f"  {name:<{width}}  {calls} call{'s' if calls != 1 else ''} changed"
+        if changes != calls:
+            head += f" ({changes} changes)"
+        lines.append(head)
         for e in found:
             detail = f" ({e.detail})" if e.detail else ""
             lines.append(f"  {'':<{width}}    {e.count:>5} x {e.kind}{detail}")
@@ -119,14 +132,72 @@ def _is_zip(path: str) -> bool:
     return os.path.isfile(path) and zipfile.is_zipfile(path)
 
 
+_SAFETORCH_DIR = os.path.dirname(os.path.dirname(_HERE)) + os.sep
+_WRAPT_DIR = os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
+
+
+def _internal(tb: TracebackType) -> bool:
+    filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return filename.startswith((_SAFETORCH_DIR, _WRAPT_DIR)) or filename == _RUNPY
+
+
 def _user_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
-    """Drop the leading runner/runpy frames, so the traceback reads as ``python``'s."""
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in (
-        _HERE,
-        _RUNPY,
-    ):
-        tb = tb.tb_next
-    return tb
+    """The traceback without runner, runpy, safetorch and wrapt frames, so it reads as
+    ``python``'s: the patched call's line in user code is followed by torch's own frames.
+    If every frame is internal (a bug in safetorch), the traceback is kept whole."""
+    kept = []
+    node = tb
+    while node is not None:
+        if not _internal(node):
+            kept.append(node)
+        node = node.tb_next
+    if not kept:
+        return tb
+    for a, b in zip(kept, kept[1:]):
+        a.tb_next = b
+    kept[-1].tb_next = None
+    return kept[0]
+
+
+def _clean_chain(exc: BaseException) -> None:
+    seen = set()
+    todo: List[Optional[BaseException]] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = _user_traceback(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
+def check_target(target: str, *, module: bool = False) -> Optional[Tuple[str, int]]:
+    """``(message, exit status)`` when ``python`` would refuse to start ``target``, else None.
+
+    The statuses are python's: 2 for a script that cannot be opened, 1 for a directory or
+    zip file without ``__main__`` and for a module that cannot be found.
+    """
+    if module:
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError) as exc:
+            return f"{exc}; check the module name and sys.path (the working directory)", 1
+        if spec is None:
+            return f"No module named {target}; check the module name and sys.path", 1
+        return None
+    abspath = os.path.abspath(target)
+    if os.path.isdir(target):
+        if not os.path.exists(os.path.join(target, "__main__.py")):
+            return f"can't find '__main__' module in {target!r}; pass a script in it", 1
+        return None
+    try:
+        with open(abspath, "rb"):
+            pass
+    except OSError as exc:
+        return f"can't open file {abspath!r}: [Errno {exc.errno}] {exc.strerror}", 2
+    return None
 
 
 def _run_file(path: str) -> None:
@@ -150,9 +221,9 @@ def _run_file(path: str) -> None:
 
 def _excepthook(exc: BaseException) -> None:
     # The traceback object must be the exception's own: the default hook prints
-    # exc.__traceback__ whatever it is passed.
-    tb = _user_traceback(exc.__traceback__)
-    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+    # exc.__traceback__ whatever it is passed. Chained exceptions are cleaned too.
+    _clean_chain(exc)
+    sys.excepthook(type(exc), exc, exc.__traceback__)
 
 
 def _die_by_sigint() -> None:
@@ -172,12 +243,19 @@ def run(
     module: bool = False,
     patches: Sequence[str] = ("all",),
     report: bool = True,
+    allow: Sequence[str] = (),
 ) -> int:
     """Run ``target`` (a script path, or a module name with ``module=True``) under patches.
 
-    Returns the exit status for an uncaught exception (1); ``SystemExit`` propagates.
+    ``allow`` names globals (``"module.Name"``) that checkpoints loaded through the patched
+    ``torch.load`` may reference; they are added to ``SAFETORCH_ALLOW``, which child
+    processes inherit. Returns the exit status for an uncaught exception (1);
+    ``SystemExit`` propagates.
     """
     names = registry.resolve_names(patches, default_all=True)
+    if allow:
+        merged = (*registry.allowed_globals(), *allow)
+        os.environ[registry.ALLOW_ENV] = ",".join(dict.fromkeys(merged))
     registry.enable(names)
     registry.reset_counts()
     os.environ[ENV_VAR] = ",".join(names)
@@ -192,7 +270,11 @@ def run(
     try:
         with _SpawnBootstrap():
             if module:
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
+                try:
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+                except _RUNPY_ERROR as exc:  # python -m: "python: No module named x", status 1
+                    sys.stderr.write(f"safetorch run: {exc}\n")
+                    return 1
             elif os.path.isdir(target) or not target.endswith((".py", ".pyw")) and _is_zip(target):
                 runpy.run_path(target, run_name="__main__")
             else:

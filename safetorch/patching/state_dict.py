@@ -1,82 +1,83 @@
-"""Patch ``state_dict``: ``Module.load_state_dict`` re-maps wrapper prefixes when keys differ.
+"""Patch ``state_dict``: ``Module.load_state_dict`` does what ``st.load_state_dict`` does.
 
 When every checkpoint key is one the model expects, torch's original runs with the caller's
-arguments and nothing else is done beyond one key-set comparison. Otherwise the keys are
-re-mapped by ``safetorch.checkpoint.remap_state_dict`` (the logic behind
-``st.load_state_dict``: ``module.``, ``_orig_mod.``, FSDP/checkpoint-wrapper segments,
-Lightning-style leading prefixes), the renaming is logged and counted, and torch's original
-loads the renamed dict, so the return value is torch's ``_IncompatibleKeys`` and
-``strict``/``assign`` keep their meaning.
+arguments and nothing else is done beyond one key-set comparison (a library's own resume
+runs exactly as without the patch). Otherwise the call goes to ``st.load_state_dict`` with
+the caller's ``strict`` and ``assign``: wrapper segments (``module.``, ``_orig_mod.``, FSDP,
+checkpoint wrappers) and Lightning's ``model.`` are matched away, AveragedModel's
+``n_averaged`` is reported rather than unexpected, a strict load refuses before touching the
+model, and the return value is the :class:`~safetorch.LoadReport`, which unpacks, indexes and
+compares like torch's ``_IncompatibleKeys`` (``missing, unexpected = model.load_state_dict(...)``).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
-import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, Tuple
 
-from safetorch._stack import user_stacklevel
-from safetorch.errors import CheckpointError, SafetorchWarning
+from torch import nn
+
 from safetorch.patching import registry
 
 __all__: list = []
 
 _NAME = "state_dict"
 _log = logging.getLogger("safetorch")
-_keys = importlib.import_module("safetorch.checkpoint.keys")
+_io = importlib.import_module("safetorch.checkpoint.io")
+_SIGNATURE = inspect.signature(nn.Module.load_state_dict)
 
 
 def _load_state_dict(
     wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]
 ) -> Any:
-    source = args[0] if args else kwargs.get("state_dict")
-    if registry.nested(_NAME) or not isinstance(source, Mapping):
+    if registry.nested(_NAME) or not isinstance(instance, nn.Module):
         return wrapped(*args, **kwargs)
-    model_keys = list(instance.state_dict(keep_vars=True).keys())
-    expected = set(model_keys)
+    try:
+        bound = _SIGNATURE.bind(instance, *args, **kwargs)
+    except TypeError:
+        return wrapped(*args, **kwargs)  # torch's own error for a bad call
+    source = bound.arguments.get("state_dict")
+    if not isinstance(source, Mapping):
+        return wrapped(*args, **kwargs)
+    expected = instance.state_dict(keep_vars=True).keys()
     if all(k in expected for k in source):
         return wrapped(*args, **kwargs)  # nothing to rename: torch's own path, untouched
-    try:
-        with registry.reentry(_NAME):
-            renamed, match = _keys.remap_state_dict(source, model_keys)
-    except CheckpointError as exc:
-        warnings.warn(
-            f"safetorch patch 'state_dict': keys not re-mapped ({exc}); "
-            "loading with torch's own key matching",
-            SafetorchWarning,
-            stacklevel=user_stacklevel(),
+    strict = bound.arguments.get("strict", True)
+    options = {}
+    if "assign" in bound.arguments:
+        options["assign"] = bound.arguments["assign"]
+    with registry.counted_call(_NAME), registry.reentry(_NAME):
+        try:
+            report = _io.load_state_dict(instance, source, strict=bool(strict), **options)
+        except RuntimeError as exc:
+            registry.record(
+                _NAME,
+                "load_state_dict -> st.load_state_dict (refused)",
+                str(exc).splitlines()[0].rstrip(":"),
+            )
+            raise
+        _log.info("load_state_dict into %s: %s", type(instance).__name__, report.rule)
+        registry.record(
+            _NAME,
+            f"load_state_dict -> st.load_state_dict: {report.rule}",
+            f"{len(report.loaded)} loaded, {len(report.missing)} missing, "
+            f"{len(report.unexpected)} unexpected",
         )
-        return wrapped(*args, **kwargs)
-    renames = {k: v for k, v in match.mapping.items() if k != v}
-    if not renames:
-        return wrapped(*args, **kwargs)
-    _log.info(
-        "load_state_dict into %s: renamed %d checkpoint keys (%s)",
-        type(instance).__name__,
-        len(renames),
-        match.rule,
-    )
-    example = next(iter(renames.items()))
-    registry.record(
-        _NAME,
-        f"load_state_dict: {match.rule}",
-        f"{len(renames)} keys renamed, e.g. {example[0]!r} -> {example[1]!r}",
-    )
-    if args:
-        return wrapped(renamed, *args[1:], **kwargs)
-    return wrapped(**{**kwargs, "state_dict": renamed})
+    return report
 
 
 PATCH = registry.declare(
     registry.Patch(
         name=_NAME,
         description=(
-            "Module.load_state_dict: keys that match load as torch does; wrapper prefixes "
-            "(module., _orig_mod., ...) re-mapped as st.load_state_dict does, logged and counted"
+            "Module.load_state_dict: keys that match load as torch does; otherwise "
+            "st.load_state_dict (wrapper prefixes, Lightning's model., AveragedModel's "
+            "n_averaged), counted; returns a LoadReport that unpacks like torch's result"
         ),
         targets=(registry.Target("torch.nn", "Module.load_state_dict", _load_state_dict),),
-        implementation=("safetorch.checkpoint.keys", "remap_state_dict"),
+        implementation=("safetorch.checkpoint", "load_state_dict"),
     )
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -121,3 +122,100 @@ def test_storage_accounting_on_every_torch(dp_checkpoint, simulate_torch, untype
     assert dropped == [] and torch.equal(flat["b"], base[3:])
     ptrs = {k: v.data_ptr() for k, v in flat.items()}
     assert ptrs["a"] == base.data_ptr() and ptrs["b"] != base.data_ptr() + 12  # b was cloned
+
+
+# --- inspect --keys, diff, fit, every state dict, known prefixes ------------------------------
+@pytest.fixture
+def lightning_like(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    sd = {f"model.{k}": v for k, v in net.state_dict().items()}
+    path = tmp_path / "lit.pt"
+    torch.save({"state_dict": sd, "state_dict_ema": net.state_dict(), "epoch": 1}, path)
+    (tmp_path / "fit_models.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))\n"
+        "def wider():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.BatchNorm1d(4))\n"
+    )
+    return path, net
+
+
+def test_inspect_names_every_state_dict_and_lightning_prefix(lightning_like, capsys):
+    path, _ = lightning_like
+    assert main(["ckpt", "inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "other state dicts: state_dict_ema (7 entries; key='state_dict_ema')" in out
+    assert "wrapper prefixes: model. (Lightning's model attribute)" in out
+    assert main(["ckpt", "inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["state_dicts"] == {"state_dict": 7, "state_dict_ema": 7}
+
+
+def test_inspect_keys_with_glob(dp_checkpoint, capsys):
+    assert main(["ckpt", "inspect", str(dp_checkpoint), "--keys", "*.weight", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["key"].endswith(".weight") for r in rows)
+    first = rows[0]
+    assert first["key"].startswith("module.") and first["wrappers"] == ["module."]
+    assert first["canonical"] == first["key"][len("module.") :]
+    assert first["bytes"] == 4 * torch.Size(first["shape"]).numel()
+    assert main(["ckpt", "inspect", str(dp_checkpoint), "--keys"]) == 0
+    text = capsys.readouterr().out
+    assert "wrapper: module." in text and "float32" in text
+
+
+def test_diff_after_wrapper_normalisation(lightning_like, tmp_path, capsys):
+    path, net = lightning_like
+    torch.save(torch.nn.DataParallel(net).state_dict(), tmp_path / "dp.pt")
+    assert main(["ckpt", "diff", str(path), str(tmp_path / "dp.pt")]) == 0
+    assert "identical: 7 equal" in capsys.readouterr().out
+    changed = collections.OrderedDict(net.state_dict())
+    changed["0.bias"] = changed["0.bias"] + 0.25
+    changed["1.weight"] = changed["1.weight"].double()
+    del changed["1.bias"]
+    changed["extra"] = torch.zeros(1)
+    torch.save(changed, tmp_path / "b.pt")
+    assert main(["ckpt", "diff", str(tmp_path / "dp.pt"), str(tmp_path / "b.pt"), "--json"]) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert r["only_in_a"] == ["module.1.bias"] and r["only_in_b"] == ["extra"]
+    assert r["dtype_changed"] == [["1.weight", "float32", "float64"]]
+    assert r["value_changed"][0][0] == "0.bias" and abs(r["value_changed"][0][1] - 0.25) < 1e-6
+
+
+def test_fit_says_what_load_state_dict_would_do(lightning_like, capsys, monkeypatch):
+    path, _ = lightning_like
+    monkeypatch.syspath_prepend(str(path.parent))
+    assert main(["ckpt", "fit", str(path), "--model", "fit_models:build"]) == 0
+    out = capsys.readouterr().out
+    assert "fits:" in out and "stripped leading 'model.'" in out
+    assert main(["ckpt", "fit", str(path), "--model", "fit_models:wider", "--json"]) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert not r["ok"] and ["0.weight", [3, 2], [4, 2]] in r["mismatched"]
+
+
+def test_fit_leaves_the_model_untouched(dp_checkpoint):
+    from safetorch.checkpoint.cli import fit_checkpoint
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fit_checkpoint(str(dp_checkpoint), model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_convert_key_writes_only_that_state_dict(lightning_like, tmp_path):
+    path, net = lightning_like
+    assert (
+        main(["ckpt", "convert", str(path), str(tmp_path / "ema.pt"), "--key", "state_dict_ema"])
+        == 0
+    )
+    assert sorted(st.load(tmp_path / "ema.pt")) == sorted(net.state_dict())
+
+
+def test_save_into_missing_directory_names_target_not_temp_file(tmp_path):
+    target = tmp_path / "no" / "such" / "ckpt.pt"
+    with pytest.raises(FileNotFoundError) as info:
+        st.save_checkpoint({"a": torch.ones(1)}, target)
+    message = str(info.value)
+    assert str(target) in message and str(tmp_path / "no") in message
+    assert ".tmp" not in message and ".ckpt.pt." not in message

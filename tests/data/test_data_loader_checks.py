@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import Any, List
 
@@ -107,10 +108,9 @@ def test_safe_loader_warns_once_with_user_stacklevel() -> None:
     with pytest.warns(st.SafetorchWarning) as record:
         first = [b[0].shape[0] for b in loader]
     assert first == [4, 4, 2]
-    assert sorted(str(w.message).split("[")[1].split("]")[0] for w in record) == [
-        "num-workers-0",
-        "partial-last-batch",
-    ]
+    # a 10-sample in-memory loader: workers cannot help, so only the partial batch is reported
+    assert [str(w.message).split("[")[1].split("]")[0] for w in record] == ["partial-last-batch"]
+    assert all(issubclass(w.category, st.DataWarning) for w in record)
     assert all(w.filename == __file__ for w in record)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -143,3 +143,33 @@ def test_safe_loader_checks_first_batch_type(monkeypatch: pytest.MonkeyPatch) ->
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert type(next(it)) is Unpinnable
+
+
+class _Indexed(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.zeros(2)
+
+
+def test_num_workers_advice_scales_with_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = DataLoader(_Indexed(64), batch_size=2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    (f,) = st.check_loader(loader)
+    assert f.rule == "num-workers-0" and f.fix.startswith("num_workers=1 (2 CPU cores")
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    (f,) = st.check_loader(loader)
+    assert f.fix.startswith("num_workers=8 (32 CPU cores")
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert st.check_loader(loader) == []
+
+
+def test_num_workers_quiet_where_it_cannot_matter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert st.check_loader(DataLoader(_Indexed(8), batch_size=2)) == []  # 4 batches
+    assert st.check_loader(DataLoader(ds(4000), batch_size=2)) == []  # in-memory tensors
+    assert rules(st.check_loader(DataLoader(_Indexed(400), batch_size=2))) == ["num-workers-0"]

@@ -256,3 +256,12 @@ def test_portable_syncbn_and_bn_subclasses_stay_single_fx_nodes(caplog):
         found = st.lint_model(model)
     assert "data flow from torch.fx" in caplog.text
     assert rules(found) == [("bias-before-bn", "0"), ("bias-before-bn", "2")]
+
+
+def test_lint_model_wrong_types_raise_type_error() -> None:
+    with pytest.raises(
+        TypeError, match=r"lint_model\(model=\.\.\.\) expects a torch.nn.Module, got str"
+    ):
+        st.lint_model("m")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"fix=\.\.\.\) expects a bool, got str"):
+        st.lint_model(torch.nn.Linear(1, 1), fix="yes")  # type: ignore[arg-type]

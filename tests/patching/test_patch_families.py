@@ -168,12 +168,42 @@ def test_state_dict_dataparallel_checkpoint_into_plain_model() -> None:
         plain.load_state_dict(dp.state_dict())
     with st.patched("state_dict"):
         result = plain.load_state_dict(dp.state_dict())
-    assert type(result).__name__ == "_IncompatibleKeys"
-    assert result.missing_keys == [] and result.unexpected_keys == []
+    assert isinstance(result, st.LoadReport)  # what st.load_state_dict returns ...
+    missing, unexpected = result  # ... and it unpacks like torch's _IncompatibleKeys
+    assert missing == result.missing_keys == [] and unexpected == result.unexpected_keys == []
     for k, v in dp.module.state_dict().items():
         assert torch.equal(plain.state_dict()[k], v)
     (entry,) = [e for e in registry.report_entries() if e.patch == "state_dict"]
-    assert "module." in entry.kind and "keys renamed" in entry.detail
+    assert "module." in entry.kind and "st.load_state_dict" in entry.kind
+    assert "7 loaded" in entry.detail
+
+
+def test_state_dict_patch_equals_st_load_state_dict_on_averaged_model() -> None:
+    """An AveragedModel checkpoint into a plain model: n_averaged reported, not unexpected."""
+    from torch.optim.swa_utils import AveragedModel
+
+    torch.manual_seed(0)
+    swa = AveragedModel(_Net())
+    sd = swa.state_dict()
+    assert "n_averaged" in sd
+    expected = st.load_state_dict(_Net(), sd)
+    with st.patched("state_dict"):
+        result = _Net().load_state_dict(sd)
+    assert result == expected and result.n_averaged == expected.n_averaged == 0
+    assert (result.loaded, result.rule) == (expected.loaded, expected.rule)
+
+
+def test_state_dict_patch_refuses_like_st_before_touching_the_model() -> None:
+    sd = {f"module.{k}": v for k, v in _Net().state_dict().items()}
+    sd["module.conv.weight"] = torch.zeros(9, 9)
+    net = _Net()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with st.patched("state_dict"):
+        with pytest.raises(st.CheckpointMismatchError, match="conv.weight"):
+            net.load_state_dict(sd)
+        report = net.load_state_dict(sd, strict=False)  # torch would raise; st skips and says
+    assert [k for k, _, _ in report.mismatched] == ["conv.weight"]
+    assert torch.equal(net.state_dict()["conv.weight"], before["conv.weight"])
 
 
 def test_state_dict_matching_keys_take_torchs_path_untouched(monkeypatch) -> None:
