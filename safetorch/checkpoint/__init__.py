@@ -1,9 +1,11 @@
 """Checkpoints: safe loading on every torch, wrapper-aware state-dict loading, atomic saving.
 
 ``st.load`` (weights-only everywhere, CPU by default, mmap when possible),
-``st.load_state_dict`` (through DataParallel/DDP/compile/AveragedModel/FSDP prefixes, with a
-:class:`LoadReport`), ``st.save_checkpoint`` and ``st.CheckpointSaver`` (atomic, rank 0 only),
-and the key helpers behind them (``canonical_key``, ``remap_state_dict``, ...).
+``st.load_state_dict`` (through DataParallel/DDP/compile/AveragedModel/FSDP prefixes, from one
+file, a shard index, a library directory or a DCP directory, with a :class:`LoadReport`),
+``st.save_checkpoint`` and ``st.CheckpointSaver`` (atomic, rank 0 only), ``st.save_state`` /
+``st.load_state`` (exact resume: objects, values and RNG, one file or DCP shards), and the key
+helpers behind them (``canonical_key``, ``remap_state_dict``, ...).
 """
 
 from typing import List
@@ -24,6 +26,7 @@ from safetorch.checkpoint.keys import (
     unwrap_model,
 )
 from safetorch.checkpoint.report import LoadReport
+from safetorch.checkpoint.state import load_state, save_state
 
 __all__: List[str] = [
     "load",
@@ -32,6 +35,8 @@ __all__: List[str] = [
     "unwrap_model",
     "save_checkpoint",
     "CheckpointSaver",
+    "save_state",
+    "load_state",
     "canonical_key",
     "strip_wrapper_prefixes",
     "remap_state_dict",

@@ -673,6 +673,7 @@ def load_state_dict(
     # A directory, a shard index or a DCP checkpoint: match on its meta view (shapes and
     # dtypes, no data), then read only the matched tensors (layouts.py).
     layout = layouts.resolve(source) if _is_path(source) else None
+    picked = None if layout is None else f"{layout.description} ({layout.kind})"
     if isinstance(layout, layouts.FileLayout):
         source, layout = layout.path, None
     if layout is not None:
@@ -730,7 +731,7 @@ def load_state_dict(
         strict=strict,
         hint=match.hint,
         other_state_dicts=[k for k in state_dict_keys(obj) if k != source_key],
-        source=None if layout is None else f"{layout.description} ({layout.kind})",
+        source=picked,
     )
     if strict and not report.ok:
         report.refused = True

@@ -1,0 +1,167 @@
+"""st.load_state_dict from multi-file layouts: DCP directories, shard indexes, library dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import safetorch as st
+from safetorch.checkpoint import layouts
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    with torch.no_grad():
+        for p in net.state_dict().values():
+            if p.is_floating_point():
+                p.copy_(torch.randn_like(p))
+    return net
+
+
+SRC = _net(0)
+DP = torch.nn.DataParallel(SRC).state_dict()  # "module."-prefixed keys
+
+
+def _assert_loaded(path, **kwargs):
+    model = _net(1)
+    report = st.load_state_dict(model, path, **kwargs)
+    assert report.ok, report
+    for k, v in SRC.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    return report
+
+
+def _dcp_save(state, path):
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        if hasattr(dcp, "save"):
+            dcp.save(state, checkpoint_id=str(path))
+        else:
+            dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(str(path)))
+
+
+@pytest.mark.parametrize("container", [None, "model"])
+def test_dcp_directory_with_dataparallel_keys_into_plain_model(tmp_path, container):
+    state = DP if container is None else {container: DP, "epoch": 3, "note": "x"}
+    _dcp_save(state, tmp_path / "dcp")
+    report = _assert_loaded(tmp_path / "dcp")
+    assert "DCP" in report.source and report.source_key == container
+    assert "module." in report.rule
+
+
+def test_dcp_metadata_is_read_with_the_restricted_unpickler(tmp_path, canary):
+    _dcp_save(DP, tmp_path / "dcp")
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {canary}",))
+
+    with open(tmp_path / "dcp" / ".metadata", "wb") as fh:
+        pickle.dump(Evil(), fh)
+    with pytest.raises(st.UnsafeCheckpointError, match="metadata"):
+        st.load_state_dict(_net(1), tmp_path / "dcp")
+    assert not os.path.exists(canary)
+
+
+def _shard(tmp_path, kind):
+    keys = list(DP)
+    half = len(keys) // 2
+    ext = "safetensors" if kind == "safetensors" else "bin"
+    stem = "model" if kind == "safetensors" else "pytorch_model"
+    names = [f"{stem}-0000{i}-of-00002.{ext}" for i in (1, 2)]
+    parts = [keys[:half], keys[half:]]
+    for name, part in zip(names, parts):
+        sd = {k: DP[k].contiguous() for k in part}
+        if kind == "safetensors":
+            safetensors_torch.save_file(sd, str(tmp_path / name))
+        else:
+            torch.save(sd, tmp_path / name)
+    weight_map = {k: names[0] if k in parts[0] else names[1] for k in keys}
+    index = tmp_path / f"{stem}.{ext}.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return index
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "bin"])
+def test_sharded_index_and_its_directory(tmp_path, kind):
+    index = _shard(tmp_path, kind)
+    assert "index" in _assert_loaded(index).source
+    assert os.path.basename(str(index)) in _assert_loaded(tmp_path).source
+
+
+def test_transformers_checkpoint_directory_picks_the_model_file(tmp_path):
+    run = tmp_path / "checkpoint-500"
+    run.mkdir()
+    safetensors_torch.save_file(
+        {k: v.contiguous() for k, v in DP.items()}, str(run / "model.safetensors")
+    )
+    torch.save({"state": {}}, run / "optimizer.pt")
+    torch.save({"x": 1}, run / "scheduler.pt")
+    (run / "trainer_state.json").write_text("{}")
+    report = _assert_loaded(run)
+    assert "model.safetensors" in report.source
+
+
+def test_accelerate_save_state_directory(tmp_path):
+    torch.save(DP, tmp_path / "pytorch_model.bin")
+    torch.save({"x": 1}, tmp_path / "optimizer.bin")
+    with open(tmp_path / "random_states_0.pkl", "wb") as fh:
+        pickle.dump({"python": 1}, fh)  # never read: not model weights
+    assert "pytorch_model.bin" in _assert_loaded(tmp_path).source
+
+
+def test_directory_errors_name_the_way_out(tmp_path):
+    with pytest.raises(st.CheckpointError, match="no model weights"):
+        st.load_state_dict(_net(1), tmp_path)
+    torch.save(DP, tmp_path / "a.pt")
+    torch.save(DP, tmp_path / "b.pt")
+    with pytest.raises(st.CheckpointError, match="several weight files"):
+        st.load_state_dict(_net(1), tmp_path)
+    with pytest.raises(st.CheckpointError, match="st.load_state_dict"):
+        st.load(tmp_path)
+
+
+def test_index_cannot_point_outside_its_directory_or_to_missing_shards(tmp_path):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"0.weight": "../outside.safetensors"}}))
+    with pytest.raises(st.CheckpointError, match="outside its directory"):
+        st.load_state_dict(_net(1), index)
+    index.write_text(json.dumps({"weight_map": {"0.weight": "gone.safetensors"}}))
+    with pytest.raises(FileNotFoundError, match="missing shard"):
+        st.load_state_dict(_net(1), index)
+    index.write_text("not json")
+    with pytest.raises(st.CheckpointError, match="weight_map"):
+        st.load_state_dict(_net(1), index)
+
+
+def test_strict_mismatch_on_a_layout_touches_nothing(tmp_path):
+    _dcp_save({"model": DP}, tmp_path / "dcp")
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3)
+    )
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(st.CheckpointMismatchError):
+        st.load_state_dict(model, tmp_path / "dcp")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    report = st.load_state_dict(model, tmp_path / "dcp", strict=False)
+    assert [m[0] for m in report.mismatched] == ["2.weight", "2.bias"]
+    assert torch.equal(model[0].weight, SRC[0].weight)
+
+
+def test_nest_flat_keys():
+    t = torch.zeros(1)
+    assert layouts.nest_flat_keys({"a.b": t, "c": t}) == {"a.b": t, "c": t}
+    assert layouts.nest_flat_keys({"model.0.w": t, "epoch": "<bytes>"}) == {
+        "model": {"0.w": t},
+        "epoch": "<bytes>",
+    }
