@@ -1,30 +1,96 @@
-"""The ``safetorch`` command: doctor, ckpt, check, run (each area registers its subcommands)."""
+"""The ``safetorch`` command: doctor, ckpt, check, run (each area registers its subcommands).
+
+Only the chosen area is imported: ``safetorch check``, ``--version`` and ``--help`` never
+import torch (the areas that need it load it when their subcommand runs). Usage errors are
+one line on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import List, Optional
+from typing import Dict, List, NoReturn, Optional, Tuple
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+#: subcommand -> (module whose ``add_parsers`` registers it, its one-line help). The help is
+#: repeated here so that ``safetorch --help`` lists every command without importing torch; a
+#: test checks it against what each module registers.
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "doctor": (
+        "safetorch._doctor",
+        "versions, devices, torch feature flags and dispatch decisions",
+    ),
+    "ckpt": (
+        "safetorch.checkpoint.cli",
+        "inspect, convert, diff or fit checkpoints (weights-only)",
+    ),
+    "check": (
+        "safetorch.check.cli",
+        "static checker with autofix for PyTorch pitfalls (never imports torch)",
+    ),
+    "run": (
+        "safetorch.patching.cli",
+        "run a script (or -m module) as python would, with monkeypatches on",
+    ),
+    "install-hook": (
+        "safetorch.patching.cli",
+        "write a .pth file: SAFETORCH_PATCH=... activates patches",
+    ),
+    "uninstall-hook": ("safetorch.patching.cli", "remove the .pth file install-hook wrote"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full ``safetorch`` argument parser."""
-    from safetorch import _doctor
-    from safetorch.check import cli as check_cli
-    from safetorch.checkpoint import cli as ckpt_cli
-    from safetorch.patching import cli as patch_cli
+class _UsageError(Exception):
+    """A bad command line; ``main`` prints the one-line message and returns 2."""
 
-    parser = argparse.ArgumentParser(
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``safetorch check: error: ...``), no usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: error: {message}")
+
+
+def _version() -> str:
+    from safetorch import __version__
+
+    return f"safetorch {__version__}"
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
         prog="safetorch",
         description="Safe wrappers, monkeypatch mode and a static checker for PyTorch pitfalls.",
     )
+    parser.add_argument("--version", action="version", version=_version())
+    return parser
+
+
+def build_parser(commands: Optional[List[str]] = None) -> argparse.ArgumentParser:
+    """The ``safetorch`` argument parser with the areas of ``commands`` (default: all).
+
+    Building it imports those areas (the full parser imports torch).
+    """
+    parser = _top_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _doctor.add_parsers(sub)
-    ckpt_cli.add_parsers(sub)
-    check_cli.add_parsers(sub)
-    patch_cli.add_parsers(sub)
+    modules: List[str] = []
+    for name in commands or list(COMMANDS):
+        module = COMMANDS[name][0]
+        if module not in modules:
+            modules.append(module)
+    for module in modules:
+        importlib.import_module(module).add_parsers(sub)
+    return parser
+
+
+def _help_parser() -> argparse.ArgumentParser:
+    """The top-level parser for ``--help``: commands listed from the table, nothing imported."""
+    parser = _top_parser()
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, text) in COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
@@ -32,11 +98,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the ``safetorch`` command line; returns the exit status.
 
     >>> from safetorch._cli import main
-    >>> main(["doctor", "--json"]) == 0  # doctest: +SKIP
-    True
+    >>> main(["--version"])  # doctest: +ELLIPSIS
+    safetorch ...
+    0
     """
-    parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(args_list)
+    except _UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+
+
+def _main(argv: List[str]) -> int:
+    if not argv:
+        _help_parser().print_help(sys.stderr)
+        return 2
+    first = argv[0]
+    if first == "--version":
+        print(_version())
+        return 0
+    if first in ("-h", "--help"):
+        _help_parser().print_help()
+        return 0
+    if first.startswith("-"):
+        raise _UsageError(f"safetorch: error: unrecognized option {first!r} (see safetorch --help)")
+    if first not in COMMANDS:
+        raise _UsageError(
+            f"safetorch: error: unknown command {first!r} (choose from {', '.join(COMMANDS)})"
+        )
+    parser = build_parser([first])
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help of a subcommand
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

@@ -13,7 +13,23 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
 
-__all__ = ["Edit", "Fix", "Diagnostic", "Context", "Rule", "analyze", "split_lines"]
+__all__ = [
+    "SAFE",
+    "UNSAFE",
+    "Context",
+    "Diagnostic",
+    "Edit",
+    "Fix",
+    "Options",
+    "Rule",
+    "analyze",
+    "split_lines",
+]
+
+#: A fix that keeps behaviour and checkpoint compatibility: ``--fix`` applies it.
+SAFE = "safe"
+#: A fix that changes what the code does (usually on purpose): only ``--unsafe-fixes`` applies it.
+UNSAFE = "unsafe"
 
 SYNTAX_ERROR_CODE = "ST000"
 
@@ -92,18 +108,54 @@ class Edit:
 
 @dataclass(frozen=True)
 class Fix:
-    """An automatic fix: what it does, and the edits that do it.
+    """An automatic fix: what it does, the edits that do it, and whether it keeps behaviour.
 
-    >>> Fix("add weights_only=True", (Edit(1, 13, 1, 13, ", weights_only=True"),)).message
-    'add weights_only=True'
+    ``applicability`` is ``"safe"`` (keeps behaviour and checkpoint compatibility; ``--fix``
+    applies it) or ``"unsafe"`` (changes behaviour, usually on purpose; only
+    ``--unsafe-fixes`` applies it), as in ruff.
+
+    >>> fix = Fix("add weights_only=True", (Edit(1, 13, 1, 13, ", weights_only=True"),))
+    >>> fix.message, fix.applicability
+    ('add weights_only=True', 'safe')
     """
 
     message: str
     edits: Tuple[Edit, ...]
+    applicability: str = SAFE
+
+    @property
+    def safe(self) -> bool:
+        """Whether plain ``--fix`` applies this fix."""
+        return self.applicability == SAFE
 
     def to_dict(self) -> Dict[str, Any]:
-        """JSON form: ``{"message": ..., "edits": [...]}``."""
-        return {"message": self.message, "edits": [e.to_dict() for e in self.edits]}
+        """JSON form: ``{"message": ..., "applicability": ..., "edits": [...]}``."""
+        return {
+            "message": self.message,
+            "applicability": self.applicability,
+            "edits": [e.to_dict() for e in self.edits],
+        }
+
+
+@dataclass(frozen=True)
+class Options:
+    """What rules may know about the project beyond the file (from ``[tool.safetorch]``).
+
+    Attributes:
+        min_torch: The oldest torch release the code supports, as ``(major, minor)``; None
+            when unknown (rules then assume an old torch, the cautious side).
+
+    >>> Options(min_torch=(2, 6)).torch_at_least(2, 0)
+    True
+    >>> Options().torch_at_least(2, 0)
+    False
+    """
+
+    min_torch: Optional[Tuple[int, int]] = None
+
+    def torch_at_least(self, major: int, minor: int) -> bool:
+        """True when every supported torch is at least ``major.minor``."""
+        return self.min_torch is not None and self.min_torch >= (major, minor)
 
 
 @dataclass(frozen=True)
@@ -160,8 +212,15 @@ class Context:
     'torch.nn.functional.upsample'
     """
 
-    def __init__(self, path: str, source: str, tree: Optional[ast.Module] = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        source: str,
+        tree: Optional[ast.Module] = None,
+        options: Optional[Options] = None,
+    ) -> None:
         self.path = path
+        self.options = options or Options()
         self.source = source
         self.tree = ast.parse(source, filename=path) if tree is None else tree
         self.imports: Dict[str, str] = {}
@@ -342,6 +401,8 @@ class Rule:
     torch_symbols: ClassVar[Tuple[str, ...]] = ()
     #: Whether the rule can offer an automatic fix (for some of its findings).
     fixable: ClassVar[bool] = False
+    #: How its fixes apply: ``"safe"``, ``"unsafe"``, or a short phrase when it depends.
+    fix_applicability: ClassVar[str] = SAFE
     node_types: ClassVar[Tuple[Type[ast.AST], ...]] = ()
 
     def __init__(self, ctx: Context) -> None:
@@ -447,6 +508,7 @@ def analyze(
     rules: Sequence[Type[Rule]],
     *,
     keep_syntax_errors: bool = True,
+    options: Optional[Options] = None,
 ) -> List[Diagnostic]:
     """Run ``rules`` over ``source``; return the unsuppressed findings sorted by position.
 
@@ -455,6 +517,7 @@ def analyze(
         path: Name to report the findings under.
         rules: The rule classes to run.
         keep_syntax_errors: Report a file that does not parse as one ``ST000`` finding.
+        options: Project facts the rules may use (the minimum torch version).
 
     Returns:
         The findings, sorted by (line, column, code).
@@ -466,7 +529,7 @@ def analyze(
         tree = ast.parse(source, filename=path)
     except (SyntaxError, ValueError) as exc:  # ValueError: source with a NUL byte
         return [_syntax_error(path, source, exc)] if keep_syntax_errors else []
-    ctx = Context(path, source, tree)
+    ctx = Context(path, source, tree, options)
     _collect_toplevel_imports(ctx)
     handlers: Dict[type, List[Callable[[Any], None]]] = {
         ast.Import: [ctx.add_imports],

@@ -23,7 +23,7 @@ from typing import (
     Union,
 )
 
-from safetorch.check.engine import SYNTAX_ERROR_CODE, Context, Edit, Fix, Rule
+from safetorch.check.engine import SAFE, SYNTAX_ERROR_CODE, UNSAFE, Context, Edit, Fix, Rule
 
 __all__ = ["RULES", "RULE_TABLE", "RuleInfo", "SyntaxErrorRule", "rule_for", "select_rules"]
 
@@ -106,7 +106,7 @@ class DeprecatedUpsampleFunction(Rule):
     ``upsample_bilinear`` silently uses ``align_corners=True``, which ``interpolate``'s
     default (``False``) does not, so a naive rename shifts every output pixel.
 
-    Fix (automatic): rename to ``F.interpolate`` and add exactly the arguments that keep the
+    Fix (automatic, safe): rename to ``F.interpolate`` and add exactly the arguments that keep the
     result identical: ``mode="nearest"`` for ``upsample_nearest``,
     ``mode="bilinear", align_corners=True`` for ``upsample_bilinear``.
 
@@ -150,7 +150,7 @@ class DeprecatedUpsamplingModule(Rule):
     Both are deprecated subclasses of ``nn.Upsample``; ``UpsamplingBilinear2d`` hard-codes
     ``align_corners=True``, unlike ``nn.Upsample(mode="bilinear")``.
 
-    Fix (automatic): ``nn.Upsample(...)`` with the equivalent mode and align_corners:
+    Fix (automatic, safe): ``nn.Upsample(...)`` with the equivalent mode and align_corners:
 
         nn.UpsamplingBilinear2d(scale_factor=2)
         ->  nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
@@ -196,7 +196,10 @@ class LoadWithoutWeightsOnly(Rule):
     checkpoint file can run arbitrary code when loaded. Saying ``weights_only=True`` makes
     the call safe and behave the same on every torch version.
 
-    Fix (automatic): add ``weights_only=True``.
+    Fix (automatic): add ``weights_only=True``. Safe where ``[tool.safetorch]
+    min-torch-version`` is 2.6 or later (it is torch's default there); unsafe (only with
+    ``--unsafe-fixes``) otherwise, because on older torch it refuses checkpoints that pickle
+    other objects (numpy scalars, argparse Namespaces) which loaded before.
 
     safetorch: ``st.load`` (weights_only by default, clear error naming the blocked type).
     """
@@ -207,6 +210,7 @@ class LoadWithoutWeightsOnly(Rule):
     safetorch = "st.load"
     torch_symbols = ("torch.load",)
     fixable = True
+    fix_applicability = "safe if min-torch-version >= 2.6, else unsafe"
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:
@@ -215,7 +219,11 @@ class LoadWithoutWeightsOnly(Rule):
         if _keyword(node, "weights_only") is not None or not _loads_something(node):
             return
         edit = _add_keywords(self.ctx, node, "weights_only=True")
-        fix = None if edit is None else Fix("add weights_only=True", (edit,))
+        # From torch 2.6 weights_only=True is the default: saying so changes nothing. Before,
+        # it refuses checkpoints that pickle other objects (numpy scalars, argparse
+        # Namespaces): a resume that worked would fail.
+        applicability = SAFE if self.ctx.options.torch_at_least(2, 6) else UNSAFE
+        fix = None if edit is None else Fix("add weights_only=True", (edit,), applicability)
         self.report(
             node,
             "torch.load without weights_only can execute code from the file: "
@@ -318,7 +326,8 @@ class DetachThenInPlace(Rule):
     and autograd then fails with "one of the variables needed for gradient computation has
     been modified by an inplace operation" -- or, worse, silently computes wrong gradients.
 
-    Fix (automatic): ``.detach().clone()``, an independent copy -- offered only where the
+    Fix (unsafe, ``--unsafe-fixes``): ``.detach().clone()``, an independent copy: the
+    original tensor is no longer modified, which changes behaviour on purpose. Offered only where the
     modified value is used afterwards and the op is not a write-through idiom. A statement
     whose only effect is the write into ``x`` (``x.detach().zero_()`` on its own line,
     ``y = x.detach(); y.copy_(src)``) would become dead code with a clone, so it is reported
@@ -333,6 +342,7 @@ class DetachThenInPlace(Rule):
     safetorch = "st.safe_copy"
     torch_symbols = ("torch.Tensor.detach",)
     fixable = True
+    fix_applicability = UNSAFE
     node_types = (ast.Assign, ast.AugAssign, ast.Call, ast.Expr, ast.Name)
 
     def __init__(self, ctx: Context) -> None:
@@ -398,7 +408,9 @@ class DetachThenInPlace(Rule):
         head = f"{self.ctx.segment(detach)} shares memory with {x} and is modified in place "
         head += f"({op}, line {line}), which changes {x} too"
         if fixable:
-            fix = Fix("add .clone()", (self.ctx.insert_after(detach, ".clone()"),))
+            # Unsafe: the original tensor is no longer written, which is the point but is
+            # a change of behaviour.
+            fix = Fix("add .clone()", (self.ctx.insert_after(detach, ".clone()"),), UNSAFE)
             self.report(detach, head + ": use .detach().clone() or st.safe_copy", fix)
         else:
             self.report(
@@ -436,6 +448,34 @@ _NOT_WORK = frozenset(
 )
 
 
+# Methods that launch device work on a model, tensor or optimizer.
+_WORK_METHODS = frozenset({"backward", "step", "forward", "cuda", "to", "zero_grad"})
+# torch.* calls that launch no kernels (queries, modes, I/O that syncs on its own).
+_NOT_COMPUTE = (
+    "torch.cuda.",
+    "torch.backends.",
+    "torch.no_grad",
+    "torch.enable_grad",
+    "torch.set_grad_enabled",
+    "torch.inference_mode",
+    "torch.manual_seed",
+    "torch.save",
+    "torch.load",
+    "torch.device",
+    "torch.utils.",
+    "torch.distributed.",
+)
+
+
+def _is_device_move(node: ast.AST) -> bool:
+    """``x.cuda()`` or ``x.to(...)`` (a call)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("cuda", "to")
+    )
+
+
 def _is_cuda_marker(node: ast.AST) -> bool:
     """``x.cuda()``, ``torch.cuda.*``, ``"cuda"`` / ``"cuda:0"``."""
     if isinstance(node, ast.Attribute):
@@ -459,17 +499,69 @@ def _root_name(node: ast.AST) -> Optional[str]:
     return node.id if isinstance(node, ast.Name) else None
 
 
+class _Interval:
+    """The events of one function in source order, for ST006's dataflow (one per scope)."""
+
+    __slots__ = ("defs", "uses", "pairs", "work", "syncs", "loops")
+
+    def __init__(self) -> None:
+        self.defs: Dict[str, List[Tuple[Pos, ast.Call]]] = {}  # var -> timer readings bound
+        self.uses: List[Tuple[str, Pos, ast.Call]] = []  # time.x() - var
+        self.pairs: List[Tuple[str, str]] = []  # end_var - start_var
+        self.work: List[Pos] = []
+        self.syncs: List[Pos] = []
+        self.loops: List[Tuple[Pos, Pos]] = []  # (start, end) of each loop body
+
+
+Pos = Tuple[int, int]
+
+
+def _pos(node: ast.AST) -> Pos:
+    return node.lineno, node.col_offset  # type: ignore[attr-defined]
+
+
+def _end_pos(node: ast.AST) -> Pos:
+    return node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
+
+
+def _var_key(node: ast.AST) -> Optional[str]:
+    """``t0`` or ``self.t0``: a variable a clock reading can be kept in."""
+    if isinstance(node, ast.Name):
+        return node.id
+    attr = _self_attr(node)
+    return None if attr is None else "self." + attr
+
+
+def _prints_a_value(node: ast.Call) -> bool:
+    """``print(loss)`` / ``print(f"{loss}")``: formatting a tensor copies it to the host."""
+    for arg in node.args:
+        values = arg.values if isinstance(arg, ast.JoinedStr) else [arg]
+        for value in values:
+            if isinstance(value, ast.FormattedValue):
+                value = value.value
+            if not isinstance(value, ast.Constant):
+                return True
+    return False
+
+
 class UnsyncedCudaTiming(Rule):
     """ST006: wall-clock timing of CUDA code without ``torch.cuda.synchronize()``.
 
     CUDA kernels run asynchronously: ``time.time()`` / ``time.perf_counter()`` /
     ``time.monotonic()`` read after launching GPU work measure the launch, not the work.
-    The rule fires on the second of two readings in one function when code runs between the
-    readings, nothing between them waits for the GPU (``torch.cuda.synchronize()``,
-    ``.synchronize()``, or a host copy such as ``.item()``), and that code uses CUDA: the
-    function mentions CUDA (``.cuda()``, ``torch.cuda``, ``"cuda:0"``), or a call between the
-    readings uses a name the file assigns from such an expression
-    (``model = Net().cuda()`` ... ``model(x)``).
+
+    The rule follows each interval through the function's dataflow: a reading bound to a
+    variable (``t0 = time.time()``) starts an interval, and ``time.time() - t0`` (or
+    ``t1 - t0``) ends it. It reports the end reading only when, between the two readings of
+    that interval, CUDA work is launched (a call on a model or tensor the code moved to CUDA,
+    ``.backward()``, ``optimizer.step()``, ``torch.*`` compute, in a function that uses
+    CUDA) and nothing waits for the GPU: ``torch.cuda.synchronize()``, an event's or stream's
+    ``.synchronize()``, a host copy (``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``,
+    ``float(t)``) or printing a value. Loops are understood: an interval that spans the
+    iteration boundary (``prev = time.time()`` at the end of the body, ``time.time() - prev``
+    at the top) is per-iteration timing, correct on average when the loop body syncs
+    anywhere (an ETA line in a loop that logs ``loss.item()``); data-loading intervals (from
+    the end of one iteration to the top of the next) launch no CUDA work.
 
     Fix (manual): call ``torch.cuda.synchronize()`` before the second reading, or time with
     CUDA events.
@@ -482,85 +574,179 @@ class UnsyncedCudaTiming(Rule):
     pitfall = "CUDA is asynchronous; wall-clock readings without synchronize time the launch"
     safetorch = "st.cuda_timer"
     torch_symbols = tuple(sorted(_TIMERS))
-    node_types = (ast.Call, ast.Constant, ast.Attribute)
+    node_types = (
+        ast.Call,
+        ast.Constant,
+        ast.Attribute,
+        ast.Assign,
+        ast.BinOp,
+        ast.For,
+        ast.AsyncFor,
+        ast.While,
+    )
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._cuda_scopes: Set[int] = set()
         self._any_timer = False
-        # scope -> [(kind, node)], kind in "timer", "sync", "work", in source order
-        self._events: Dict[int, List[Tuple[str, ast.Call]]] = {}
+        self._scopes: Dict[int, _Interval] = {}
+        self._work_calls: Dict[int, List[Tuple[Pos, ast.Call]]] = {}  # judged in finish()
+
+    def _events(self) -> _Interval:
+        key = id(self.ctx.scope)
+        found = self._scopes.get(key)
+        if found is None:
+            found = self._scopes[key] = _Interval()
+        return found
+
+    def _is_timer(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and self.ctx.qualname(node.func) in _TIMERS
 
     def visit(self, node: ast.AST) -> None:
-        if not isinstance(node, ast.Call):
-            if _is_cuda_marker(node):
-                self._cuda_scopes.add(id(self.ctx.scope))
-            return
+        if isinstance(node, ast.Call):
+            self._visit_call(node)
+        elif isinstance(node, ast.Assign):
+            if len(node.targets) == 1 and self._is_timer(node.value):
+                key = _var_key(node.targets[0])
+                if key is not None:
+                    events = self._events()
+                    events.defs.setdefault(key, []).append((_end_pos(node.value), node.value))  # type: ignore[arg-type]
+        elif isinstance(node, ast.BinOp):
+            if not isinstance(node.op, ast.Sub):
+                return
+            start = _var_key(node.right)
+            if start is None:
+                return
+            if self._is_timer(node.left):
+                self._events().uses.append((start, _end_pos(node.left), node.left))  # type: ignore[arg-type]
+            else:
+                end = _var_key(node.left)
+                if end is not None:
+                    self._events().pairs.append((end, start))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            self._events().loops.append((_pos(node.body[0]), _end_pos(node.body[-1])))
+        elif _is_cuda_marker(node):
+            self._cuda_scopes.add(id(self.ctx.scope))
+
+    def _visit_call(self, node: ast.Call) -> None:
         func = node.func
         qual = self.ctx.qualname(func)
         if qual in _TIMERS:
-            kind = "timer"
             self._any_timer = True
-        elif qual in _SYNC_FUNCS or (
-            isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS
-        ):
-            kind = "sync"
-        elif isinstance(func, ast.Name) and func.id in _NOT_WORK:
             return
-        else:
-            kind = "work"
-        self._events.setdefault(id(self.ctx.scope), []).append((kind, node))
+        if qual in _SYNC_FUNCS or (isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS):
+            self._events().syncs.append(_end_pos(node))
+            return
+        if isinstance(func, ast.Name):
+            if func.id == "print" and _prints_a_value(node):
+                self._events().syncs.append(_end_pos(node))
+                return
+            if func.id in ("float", "int", "bool") and node.args:
+                if not isinstance(node.args[0], ast.Constant):
+                    self._events().syncs.append(_end_pos(node))
+                return
+            if func.id in _NOT_WORK:
+                return
+        self._work_calls.setdefault(id(self.ctx.scope), []).append((_end_pos(node), node))
 
+    # -- which calls launch CUDA work --------------------------------------------------------
     def _cuda_names(self) -> Set[str]:
-        """Names (and ``self.x``) the file assigns from an expression that mentions CUDA."""
+        """Names (and ``self.x``) the file binds to something on CUDA.
+
+        ``model = Net().cuda()``, ``x = x.to(device)`` (in a file that mentions CUDA),
+        ``model.cuda()`` / ``model.to(device)`` as a statement.
+        """
         names = self.ctx.cache.get("cuda_names")
         if names is None:
             names = set()
             for node in ast.walk(self.ctx.tree):
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                    if any(_is_cuda_marker(n) for n in ast.walk(node.value)):
+                    if any(_is_device_move(n) for n in ast.walk(node.value)):
                         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                        names.update(filter(None, (_root_name(t) for t in targets)))
+                        for target in targets:
+                            for sub in ast.walk(target):
+                                root = _root_name(sub)
+                                if root is not None and isinstance(sub, (ast.Name, ast.Attribute)):
+                                    names.add(root)
+                elif isinstance(node, ast.Expr) and _is_device_move(node.value):
+                    root = _root_name(node.value.func.value)  # type: ignore[attr-defined]
+                    if root is not None:
+                        names.add(root)
             self.ctx.cache["cuda_names"] = names
         return names  # type: ignore[no-any-return]
 
-    def _uses_cuda_name(self, calls: List[ast.Call]) -> bool:
+    def _launches_cuda_work(self, call: ast.Call, cuda_scope: bool) -> bool:
+        func = call.func
         names = self._cuda_names()
-        if not names:
+        for part in (func, *call.args, *(k.value for k in call.keywords)):
+            if _root_name(part) in names:
+                return True
+        if not cuda_scope:
             return False
-        for call in calls:
-            for part in (call.func, *call.args, *(k.value for k in call.keywords)):
-                if _root_name(part) in names:
-                    return True
-        return False
+        if isinstance(func, ast.Attribute) and func.attr in _WORK_METHODS:
+            return True
+        qual = self.ctx.qualname(func) or ""
+        return qual.startswith("torch.") and not qual.startswith(_NOT_COMPUTE)
 
+    # -- judging ---------------------------------------------------------------------------
     def finish(self) -> None:
         if not self._any_timer:
             return
-        for scope, events in self._events.items():
-            previous: Optional[ast.Call] = None
-            work: List[ast.Call] = []
-            synced = False
-            for kind, node in events:
-                if kind == "timer":
-                    if (
-                        previous is not None
-                        and work
-                        and not synced
-                        and (scope in self._cuda_scopes or self._uses_cuda_name(work))
-                    ):
-                        self.report(
-                            node,
-                            f"{self.ctx.qualname(node.func)}() reads the clock after CUDA work "
-                            "with no torch.cuda.synchronize() since the reading at line "
-                            f"{previous.lineno}: it times the kernel launch, not the kernels; "
-                            "synchronize first or use st.cuda_timer",
-                        )
-                    previous, work, synced = node, [], False
-                elif kind == "sync":
-                    synced = True
-                else:
-                    work.append(node)
+        for scope, events in self._scopes.items():
+            if not events.defs:
+                continue
+            cuda_scope = scope in self._cuda_scopes
+            events.work = [
+                pos
+                for pos, call in self._work_calls.get(scope, [])
+                if self._launches_cuda_work(call, cuda_scope)
+            ]
+            if not events.work:
+                continue
+            ends = list(events.uses)
+            for end_var, start_var in events.pairs:
+                for pos, call in events.defs.get(end_var, []):
+                    ends.append((start_var, pos, call))
+            reported: Set[int] = set()
+            for start_var, pos, call in ends:
+                start = self._unsynced_start(events, start_var, pos)
+                if start is not None and id(call) not in reported:
+                    reported.add(id(call))
+                    self.report(
+                        call,
+                        f"{self.ctx.qualname(call.func)}() ends an interval started at line "
+                        f"{start[0]} with CUDA work launched in between and nothing waiting "
+                        "for the GPU: it times the kernel launch, not the kernels; call "
+                        "torch.cuda.synchronize() first or use st.cuda_timer",
+                    )
+
+    def _unsynced_start(self, events: _Interval, var: str, end: Pos) -> Optional[Pos]:
+        """Where the interval ending at ``end`` started, when it is unsynchronized CUDA work."""
+        defs = [pos for pos, _ in events.defs.get(var, [])]
+        # Innermost loop around the end reading whose body rebinds the start after it: the
+        # interval wraps around the iteration boundary (per-iteration timing).
+        around = [lp for lp in events.loops if lp[0] <= end <= lp[1]]
+        for lo, hi in sorted(around, key=lambda lp: lp[0], reverse=True):
+            later = [d for d in defs if end < d <= hi]
+            if not later:
+                continue
+            if any(lo <= d < end for d in defs):
+                break  # rebound earlier in the same iteration: a straight interval
+            start = max(later)
+            if any(lo <= s <= hi for s in events.syncs):
+                return None  # the loop syncs every iteration: correct on average
+            if any(start < w <= hi or lo <= w < end for w in events.work):
+                return start
+            return None
+        before = [d for d in defs if d < end]
+        if not before:
+            return None
+        start = max(before)
+        if any(start < s < end for s in events.syncs):
+            return None
+        if any(start < w < end for w in events.work):
+            return start
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,8 +759,8 @@ class PositionalWithDefault(Rule):
     ``default``: ``parser.add_argument("configs", default="a.yaml")`` still fails with
     ``error: the following arguments are required: configs`` when it is left out.
 
-    Fix (automatic): add ``nargs="?"``, which makes the argument optional and uses the
-    default when it is missing.
+    Fix (automatic, safe): add ``nargs="?"``, which makes the argument optional and uses the
+    default when it is missing. Every command line that worked before means the same.
 
     safetorch: none (a plain argparse pitfall, common in training scripts).
     """
@@ -777,7 +963,10 @@ class BiasBeforeBatchNorm(Rule):
     in ``nn.Sequential(...)`` and in ``forward`` methods that apply ``self.conv`` then
     ``self.bn`` directly.
 
-    Fix (automatic): ``bias=False`` on the Conv/Linear layer.
+    Fix (unsafe, ``--unsafe-fixes`` only): ``bias=False`` on the Conv/Linear layer. It
+    removes a parameter, so existing checkpoints no longer load (``Unexpected key(s) in
+    state_dict: "0.bias"``), the random initialisation of later layers changes (one fewer
+    draw from the RNG), and an explicit ``bias=True`` is overridden.
 
     safetorch: ``st.lint_model`` reports the same on a built model at runtime.
     """
@@ -788,6 +977,7 @@ class BiasBeforeBatchNorm(Rule):
     safetorch = "st.lint_model"
     torch_symbols = ()
     fixable = True
+    fix_applicability = UNSAFE
     node_types = (ast.Call, ast.ClassDef)
 
     def __init__(self, ctx: Context) -> None:
@@ -810,7 +1000,7 @@ class BiasBeforeBatchNorm(Rule):
                 edit = _add_keywords(self.ctx, layer, "bias=False")
             else:
                 edit = self.ctx.replace(value, "False")
-            fix = None if edit is None else Fix("set bias=False", (edit,))
+            fix = None if edit is None else Fix("set bias=False", (edit,), UNSAFE)
             self.report(
                 layer,
                 f"{_short(qual)} has a bias that the following {_short(bn or '')} cancels: "
@@ -953,22 +1143,79 @@ _WRAPPERS = {
 }
 
 
-def _holder_key(ctx: Context, node: ast.AST) -> Optional[Tuple[object, ...]]:
-    """A key for ``name`` (per scope) or ``self.attr`` (per file) holding a model."""
-    if isinstance(node, ast.Name):
-        return ("name", id(ctx.scope), node.id)
-    attr = _self_attr(node)
-    if attr is not None:
-        return ("self", attr)
-    return None
+def _statements_in_order(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of one scope in source order, entering compound statements but not
+    nested functions or classes."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(stmt, name, None)
+            if isinstance(inner, list):
+                for item in inner:
+                    if isinstance(item, ast.stmt):
+                        yield from _statements_in_order([item])
+                    elif hasattr(item, "body"):  # except handler, match case
+                        yield from _statements_in_order(item.body)
+
+
+def _state_dict_holders(expr: ast.AST) -> Iterator[Tuple[ast.Call, ast.AST]]:
+    """``(m.state_dict() call, m)`` for every ``m.state_dict()`` inside ``expr``."""
+    for sub in ast.walk(expr):
+        if (
+            isinstance(sub, ast.Call)
+            and isinstance(sub.func, ast.Attribute)
+            and sub.func.attr == "state_dict"
+        ):
+            yield sub, sub.func.value
+
+
+class _Scope:
+    """What ST011 knows while it reads one scope top to bottom."""
+
+    def __init__(self, node: ast.AST, local_names: Set[str]) -> None:
+        self.node = node
+        self.local_names = local_names  # names bound here (not declared global)
+        self.wrapped: Dict[str, str] = {}  # name -> wrapper class
+        # name -> state_dict() calls of wrapped models its value holds
+        self.holds: Dict[str, List[Tuple[ast.Call, str, str]]] = {}
+
+
+def _bound_here(fn: ast.AST) -> Set[str]:
+    """Names a function binds locally (parameters and assignments, minus ``global`` ones)."""
+    names: Set[str] = set()
+    declared: Set[str] = set()
+    args = fn.args  # type: ignore[attr-defined]
+    for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+        if arg is not None:
+            names.add(arg.arg)
+    for stmt in _statements_in_order(fn.body):  # type: ignore[attr-defined]
+        if isinstance(stmt, ast.Global):
+            declared.update(stmt.names)
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                names.update(_bound_names(target))
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            names.update(_bound_names(stmt.target))
+    return names - declared
 
 
 class StateDictOfWrappedModel(Rule):
-    """ST011: ``torch.save(m.state_dict(), ...)`` where ``m`` is a DataParallel/DDP wrapper.
+    """ST011: saving the ``state_dict()`` of a DataParallel/DDP-wrapped model.
 
     The wrapper's state_dict keys all start with ``module.``, so the file does not load into
     the bare model (``Missing key(s) in state_dict: "conv.weight" ... Unexpected key(s):
     "module.conv.weight"``).
+
+    The rule follows the wrapped model within the module: through assignments
+    (``model = nn.DataParallel(model)``, also under ``if n_gpu > 1:``), ``self.model``
+    attributes, dict literals and variables that hold its ``state_dict()``
+    (``state = {"model": model.state_dict()}; torch.save(state, path)``), module-level models
+    wrapped in ``__main__`` code and saved inside a function, and one call level: a
+    function of the module that passes its parameter to ``torch.save``
+    (``save_checkpoint({"state_dict": model.state_dict()}, path)``).
 
     Fix (manual): save ``m.module.state_dict()`` (when ``m`` is always wrapped) or
     ``st.unwrap_model(m).state_dict()``; ``st.load_state_dict`` strips the prefix when
@@ -982,48 +1229,210 @@ class StateDictOfWrappedModel(Rule):
     pitfall = "a DataParallel/DDP state_dict has 'module.'-prefixed keys"
     safetorch = "st.unwrap_model"
     torch_symbols = ("torch.save",)
-    node_types = (ast.Assign, ast.Call)
+    node_types = (ast.Call,)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._wrapped: Dict[Tuple[object, ...], str] = {}
+        self._any_wrapper = False
 
-    def visit(self, node: ast.AST) -> None:
-        if isinstance(node, ast.Assign):
-            value = node.value
-            wrapper = None
-            if isinstance(value, ast.Call):
-                wrapper = _WRAPPERS.get(self.ctx.qualname(value.func) or "")
-            for target in node.targets:
-                key = _holder_key(self.ctx, target)
-                if key is None:
-                    continue
-                if wrapper is not None:
-                    self._wrapped[key] = wrapper
-                else:  # rebound to something else (e.g. model = model.module)
-                    self._wrapped.pop(key, None)
+    def visit(self, node: ast.Call) -> None:
+        # The shared walk only notes whether the file wraps a model at all: most files do
+        # not, and the dataflow below (its own walks) is then skipped.
+        if not self._any_wrapper and self._wrapper(node) is not None:
+            self._any_wrapper = True
+
+    def _wrapper(self, value: Optional[ast.AST]) -> Optional[str]:
+        if isinstance(value, ast.Call):
+            return _WRAPPERS.get(self.ctx.qualname(value.func) or "")
+        return None
+
+    def finish(self) -> None:
+        if not self._any_wrapper:
             return
-        assert isinstance(node, ast.Call)
-        if not node.args or self.ctx.qualname(node.func) != "torch.save":
-            return
-        for sub in ast.walk(node.args[0]):
-            if not (
-                isinstance(sub, ast.Call)
-                and isinstance(sub.func, ast.Attribute)
-                and sub.func.attr == "state_dict"
-            ):
+        tree = self.ctx.tree
+        functions = [
+            n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        self._self_wrapped: Dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                wrapper = self._wrapper(node.value)
+                for target in node.targets:
+                    attr = _self_attr(target)
+                    if attr is not None and wrapper is not None:
+                        self._self_wrapped[attr] = wrapper
+        self._savers = self._saving_functions(functions)
+        self._reported: Set[int] = set()
+        module = _Scope(tree, set())
+        self._read_scope(module, None)  # module level first: its wrapped globals
+        for fn in functions:
+            self._read_scope(_Scope(fn, _bound_here(fn)), module)
+
+    def _saving_functions(self, functions: Sequence[ast.AST]) -> Dict[str, Tuple[int, str]]:
+        """Module functions that ``torch.save`` one of their parameters: name -> (index, param)."""
+        savers: Dict[str, Tuple[int, str]] = {}
+        for fn in functions:
+            params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]  # type: ignore[attr-defined]
+            if params and params[0] in ("self", "cls"):
                 continue
-            holder = sub.func.value
-            key = _holder_key(self.ctx, holder)
-            wrapper = None if key is None else self._wrapped.get(key)
+            for sub in ast.walk(fn):
+                if (
+                    isinstance(sub, ast.Call)
+                    and sub.args
+                    and self.ctx.qualname(sub.func) == "torch.save"
+                    and isinstance(sub.args[0], ast.Name)
+                    and sub.args[0].id in params
+                ):
+                    name = fn.name  # type: ignore[attr-defined]
+                    savers[name] = (params.index(sub.args[0].id), sub.args[0].id)
+                    break
+        return savers
+
+    def _lookup(self, scope: _Scope, module: Optional[_Scope], name: str) -> Tuple[_Scope, bool]:
+        """The scope whose binding of ``name`` is meant here (and whether it is local)."""
+        if module is None or name in scope.local_names:
+            return scope, True
+        return module, False
+
+    def _wrapped_holder(
+        self, scope: _Scope, module: Optional[_Scope], holder: ast.AST
+    ) -> Optional[str]:
+        if isinstance(holder, ast.Name):
+            owner, _ = self._lookup(scope, module, holder.id)
+            return owner.wrapped.get(holder.id)
+        attr = _self_attr(holder)
+        return None if attr is None else self._self_wrapped.get(attr)
+
+    def _wrapped_state_dicts(
+        self, scope: _Scope, module: Optional[_Scope], expr: ast.AST
+    ) -> List[Tuple[ast.Call, str, str]]:
+        """The wrapped models' ``state_dict()`` calls whose result ``expr`` holds."""
+        found: List[Tuple[ast.Call, str, str]] = []
+        for call, holder in _state_dict_holders(expr):
+            wrapper = self._wrapped_holder(scope, module, holder)
             if wrapper is not None:
-                m = self.ctx.segment(holder)
-                self.report(
-                    sub,
-                    f"{m} is wrapped in {wrapper}, so {m}.state_dict() keys start with "
-                    f"'module.': save {m}.module.state_dict() or "
-                    f"st.unwrap_model({m}).state_dict()",
+                found.append((call, self.ctx.segment(holder), wrapper))
+        for sub in ast.walk(expr):
+            if isinstance(sub, ast.Name):
+                owner, _ = self._lookup(scope, module, sub.id)
+                found.extend(owner.holds.get(sub.id, ()))
+        return found
+
+    def _read_scope(self, scope: _Scope, module: Optional[_Scope]) -> None:
+        body = scope.node.body  # type: ignore[attr-defined]
+        for stmt in _statements_in_order(body):
+            if isinstance(stmt, ast.Assign):
+                self._assign(scope, module, stmt)
+            for sub in self._calls_of(stmt):
+                self._judge_call(scope, module, sub)
+
+    @staticmethod
+    def _calls_of(stmt: ast.stmt) -> Iterator[ast.Call]:
+        """Calls in the statement itself (not in nested blocks, functions or classes)."""
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        own: List[ast.AST] = []
+        for name, value in ast.iter_fields(stmt):
+            if name in ("body", "orelse", "finalbody", "handlers", "cases"):
+                continue
+            if isinstance(value, list):
+                own.extend(v for v in value if isinstance(v, ast.AST))
+            elif isinstance(value, ast.AST):
+                own.append(value)
+        for part in own:
+            for sub in ast.walk(part):
+                if isinstance(sub, ast.Call):
+                    yield sub
+
+    def _assign(self, scope: _Scope, module: Optional[_Scope], stmt: ast.Assign) -> None:
+        wrapper = self._wrapper(stmt.value)
+        held = self._wrapped_state_dicts(scope, module, stmt.value)
+        for target in stmt.targets:
+            if isinstance(target, ast.Name):
+                owner, _ = self._lookup(scope, module, target.id)
+                if wrapper is not None:
+                    owner.wrapped[target.id] = wrapper
+                else:  # rebound to something else (e.g. model = model.module)
+                    owner.wrapped.pop(target.id, None)
+                if held:
+                    owner.holds[target.id] = list(held)
+                else:
+                    owner.holds.pop(target.id, None)
+            elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                # state["model"] = model.state_dict()
+                if held:
+                    owner, _ = self._lookup(scope, module, target.value.id)
+                    owner.holds.setdefault(target.value.id, []).extend(held)
+
+    def _judge_call(self, scope: _Scope, module: Optional[_Scope], call: ast.Call) -> None:
+        saved: Optional[ast.AST] = None
+        if call.args and self.ctx.qualname(call.func) == "torch.save":
+            saved = call.args[0]
+        elif isinstance(call.func, ast.Name) and call.func.id in self._savers:
+            if self.ctx.imports.get(call.func.id) is None:  # the module's own function
+                index, param = self._savers[call.func.id]
+                kw = _keyword(call, param)
+                if kw is not None:
+                    saved = kw.value
+                elif len(call.args) > index and not _has_star(call):
+                    saved = call.args[index]
+        if saved is None:
+            return
+        for sd_call, model, wrapper in self._wrapped_state_dicts(scope, module, saved):
+            if id(sd_call) in self._reported:
+                continue
+            self._reported.add(id(sd_call))
+            self.report(
+                sd_call,
+                f"{model} is wrapped in {wrapper}, so {model}.state_dict() keys start with "
+                f"'module.' and the saved file (line {call.lineno}) does not load into the "
+                f"bare model: save {model}.module.state_dict() or "
+                f"st.unwrap_model({model}).state_dict()",
+            )
+
+
+_LOG_METHODS = frozenset({"info", "warning", "warn", "debug", "error", "log", "write", "print"})
+
+
+def _filtered_or_own(ctx: Context, scope: ast.AST, name: str, model: ast.AST) -> bool:
+    """Whether ``name`` in ``scope`` holds a state_dict whose mismatches the code handles.
+
+    It was built by filtering (a dict comprehension with ``if``, a call such as
+    ``intersect_dicts(...)`` or ``filter_...``), it starts as the model's own
+    ``state_dict()`` (then updated), or the code reports on it (``len(name)`` or the name in a
+    print/log call).
+    """
+    model_text = ctx.segment(model)
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            value = node.value
+            if isinstance(value, ast.DictComp) and any(g.ifs for g in value.generators):
+                return True
+            if isinstance(value, ast.Call):
+                callee = value.func
+                callee_name = (
+                    callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
                 )
+                if any(w in callee_name.lower() for w in ("intersect", "filter", "match")):
+                    return True
+                if (
+                    callee_name == "state_dict"
+                    and isinstance(callee, ast.Attribute)
+                    and ctx.segment(callee.value) == model_text
+                ):
+                    return True
+        elif isinstance(node, ast.Call):
+            func = node.func
+            logs = (isinstance(func, ast.Name) and func.id == "print") or (
+                isinstance(func, ast.Attribute) and func.attr in _LOG_METHODS
+            )
+            if logs:
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Name) and sub.id == name:
+                        return True
+    return False
 
 
 class DiscardedNonStrictLoad(Rule):
@@ -1033,6 +1442,11 @@ class DiscardedNonStrictLoad(Rule):
     ``missing_keys`` and ``unexpected_keys``. Discarding the result means a checkpoint that
     matches nothing (say, every key prefixed with ``module.``) loads silently and the model
     keeps its random weights.
+
+    Quiet when the result is used, and when the code already handles mismatches: the state
+    dict was filtered against the model (a dict comprehension with ``if``,
+    ``intersect_dicts(...)``), it is the model's own ``state_dict()`` updated with some
+    entries, or the code logs what it loaded (``len(sd)`` in a print or logger call).
 
     Fix (manual): check the returned keys, or use ``st.load_state_dict``, whose
     ``LoadReport`` says what matched and fails when nothing did.
@@ -1059,13 +1473,21 @@ class DiscardedNonStrictLoad(Rule):
         value = (
             strict.value if strict is not None else (call.args[1] if len(call.args) > 1 else None)
         )
-        if _is_const(value, False):
-            self.report(
-                call,
-                "load_state_dict(..., strict=False) discards the missing/unexpected keys it "
-                "returns, so a mismatched checkpoint loads silently: check the result or use "
-                "st.load_state_dict (returns a LoadReport)",
-            )
+        if not _is_const(value, False):
+            return
+        loaded = call.args[0] if call.args else getattr(_keyword(call, "state_dict"), "value", None)
+        if isinstance(loaded, ast.Name) and _filtered_or_own(
+            self.ctx, self.ctx.scope, loaded.id, call.func.value
+        ):
+            return
+        if isinstance(loaded, ast.DictComp) and any(g.ifs for g in loaded.generators):
+            return
+        self.report(
+            call,
+            "load_state_dict(..., strict=False) discards the missing/unexpected keys it "
+            "returns, so a mismatched checkpoint loads silently: check the result or use "
+            "st.load_state_dict (returns a LoadReport)",
+        )
 
 
 class DataParallelUsed(Rule):
@@ -1097,33 +1519,210 @@ class DataParallelUsed(Rule):
             )
 
 
-class ConvertSyncBatchNorm(Rule):
-    """ST014: ``nn.SyncBatchNorm.convert_sync_batchnorm``.
+# Names whose presence in a condition says the code is deciding about distributed training.
+_DIST_WORDS: Tuple[str, ...] = ("sync_bn", "syncbn", "sync_batchnorm", "distributed", "ddp")
+_DIST_WORDS += ("world_size", "rank", "is_initialized", "n_gpu", "ngpu", "num_gpus")
+_DIST_WORDS += ("device_count", "gpus")
 
-    The conversion is unconditional: the converted model fails in its first training forward
-    pass without an initialised process group (single-GPU runs, CPU tests), and a
-    ``process_group`` given at conversion time must match the one DDP uses.
+
+def _mentions_distributed(test: ast.AST) -> bool:
+    for sub in ast.walk(test):
+        word = sub.id if isinstance(sub, ast.Name) else getattr(sub, "attr", None)
+        if word is None and isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            word = sub.value
+        if isinstance(word, str) and any(w in word.lower() for w in _DIST_WORDS):
+            return True
+    return False
+
+
+class ConvertSyncBatchNorm(Rule):
+    """ST014: ``nn.SyncBatchNorm.convert_sync_batchnorm`` outside a distributed condition.
+
+    torch's conversion is unconditional. The converted layers raise in training on CPU
+    input under a process group with more than one process (gloo: "SyncBatchNorm expected
+    input tensor to be on GPU"), and a ``process_group`` given at conversion must be the one
+    DDP uses. On torch < 2.0 they also raise without any process group (single-GPU runs, CPU
+    tests); torch 2.0 (pytorch/pytorch#89706) falls back to plain BatchNorm there, so the
+    message mentions it only when ``[tool.safetorch] min-torch-version`` is below 2.0 or
+    unset.
+
+    Quiet when the call is guarded by a distributed condition
+    (``if opt.sync_bn and RANK != -1:``, ``if dist.is_initialized():``,
+    ``... if args.distributed else model``).
 
     Fix (manual): ``st.convert_sync_batchnorm``, which follows the process group (a no-op
-    without one).
+    without one) and picks a layer that runs on each device.
 
     safetorch: ``st.convert_sync_batchnorm``.
     """
 
     code = "ST014"
     name = "convert-sync-batchnorm"
-    pitfall = "convert_sync_batchnorm converts even when no process group can sync"
+    pitfall = "convert_sync_batchnorm converts even where SyncBatchNorm cannot run"
     safetorch = "st.convert_sync_batchnorm"
     torch_symbols = (_NN + "SyncBatchNorm.convert_sync_batchnorm",)
+    node_types = (ast.Call, ast.If, ast.IfExp)
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._guards: List[Tuple[Pos, Pos]] = []  # extents guarded by a distributed test
+        self._calls: List[ast.Call] = []
+
+    def visit(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.If, ast.IfExp)):
+            if _mentions_distributed(node.test):
+                body = node.body if isinstance(node.body, list) else [node.body]
+                self._guards.append((_pos(body[0]), _end_pos(body[-1])))
+                # if not distributed: ... else: convert(...) is guarded too
+                orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+                if orelse:
+                    self._guards.append((_pos(orelse[0]), _end_pos(orelse[-1])))
+        elif isinstance(node, ast.Call):
+            if self.ctx.qualname(node.func) == _NN + "SyncBatchNorm.convert_sync_batchnorm":
+                self._calls.append(node)
+
+    def finish(self) -> None:
+        for call in self._calls:
+            if any(lo <= _pos(call) <= hi for lo, hi in self._guards):
+                continue
+            older = (
+                ""
+                if self.ctx.options.torch_at_least(2, 0)
+                else " (and on torch < 2.0 also without a process group)"
+            )
+            self.report(
+                call,
+                "nn.SyncBatchNorm.convert_sync_batchnorm converts unconditionally: the "
+                "converted layers raise in training on CPU under a gloo process group"
+                f"{older}: guard it with the distributed condition or use "
+                "st.convert_sync_batchnorm",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# BatchNorm/InstanceNorm: positional eps; F.dropout without training=
+# ---------------------------------------------------------------------------------------------
+# layer -> index of the positional ``eps`` parameter
+_NORM_EPS: Dict[str, int] = {
+    **{f"{_NN}BatchNorm{d}d": 1 for d in (1, 2, 3)},
+    **{f"{_NN}InstanceNorm{d}d": 1 for d in (1, 2, 3)},
+    _NN + "SyncBatchNorm": 1,
+    **{f"{_NN}LazyBatchNorm{d}d": 0 for d in (1, 2, 3)},
+    **{f"{_NN}LazyInstanceNorm{d}d": 0 for d in (1, 2, 3)},
+}
+# A real eps is tiny (1e-5, 1e-3); values from 0.01 up are momentum values (0.1, 0.8, 0.99).
+_EPS_LOOKS_LIKE_MOMENTUM = 0.01
+
+
+class PositionalEpsInNorm(Rule):
+    """ST015: a BatchNorm/InstanceNorm layer given a momentum-like value as positional ``eps``.
+
+    The second positional parameter of ``nn.BatchNorm2d`` (and 1d/3d, ``SyncBatchNorm``,
+    ``InstanceNorm*d``; the first of the ``Lazy`` variants) is ``eps``, not ``momentum``:
+    ``nn.BatchNorm2d(128, 0.8)`` divides by ``sqrt(var + 0.8)`` instead of
+    ``sqrt(var + 1e-5)``, which all but switches normalisation off for small activations,
+    and leaves momentum at 0.1. Reported when the positional value is a number of 0.01 or
+    more (a real eps is 1e-5 .. 1e-3) or a name that says momentum.
+
+    Fix (manual): spell it with a keyword. ``momentum=`` if momentum was meant (note that
+    torch's momentum is ``1 -`` Keras's: Keras ``momentum=0.8`` is torch ``momentum=0.2``),
+    or ``eps=0.8`` to keep today's behaviour on purpose (silences the rule).
+
+    safetorch: none (a constructor argument; nothing to wrap).
+    """
+
+    code = "ST015"
+    name = "positional-eps-in-norm"
+    pitfall = "the second positional parameter of BatchNorm/InstanceNorm is eps, not momentum"
+    safetorch = None
+    torch_symbols = ()  # nothing to route: the constructor is right, the call site is not
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:
-        if self.ctx.qualname(node.func) == _NN + "SyncBatchNorm.convert_sync_batchnorm":
-            self.report(
-                node,
-                "nn.SyncBatchNorm.convert_sync_batchnorm converts even without a process "
-                "group (the model then fails in training): use st.convert_sync_batchnorm",
-            )
+        qual = self.ctx.qualname(node.func)
+        index = _NORM_EPS.get(qual or "")
+        if index is None or len(node.args) <= index or _has_star(node):
+            return
+        value = node.args[index]
+        number = value.value if isinstance(value, ast.Constant) else None
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            if number < _EPS_LOOKS_LIKE_MOMENTUM:
+                return
+        else:
+            word = (_var_key(value) or "").lower()
+            if "mom" not in word:
+                return
+        shown = self.ctx.segment(value)
+        self.report(
+            value,
+            f"{_short(qual or '')} gets eps={shown}: its positional parameter "
+            f"{index + 1} is eps, not momentum; write momentum={shown} if momentum was meant "
+            f"(torch's momentum is 1 - Keras's), or eps={shown} to keep it",
+        )
+
+
+# F.<name> -> its ``training`` default
+_FUNCTIONAL_DROPOUTS: Dict[str, bool] = {
+    _F + "dropout": True,
+    _F + "dropout1d": True,
+    _F + "dropout2d": True,
+    _F + "dropout3d": True,
+    _F + "alpha_dropout": False,
+    _F + "feature_alpha_dropout": False,
+}
+
+
+class FunctionalDropoutWithoutTraining(Rule):
+    """ST016: ``F.dropout(x, p)`` inside ``forward`` without ``training=``.
+
+    The functional form does not know whether the module is in train or eval mode:
+    ``F.dropout``, ``dropout1d/2d/3d`` default to ``training=True`` and keep dropping in
+    ``model.eval()`` (noisy, wrong validation and inference), while ``F.alpha_dropout`` and
+    ``F.feature_alpha_dropout`` default to ``training=False`` and never drop at all.
+    Reported in a method named ``forward`` when ``training`` is not passed.
+
+    Fix (unsafe, ``--unsafe-fixes``): add ``training=self.training``, which changes what
+    the model computes in eval mode (on purpose). Or use an ``nn.Dropout`` module, which
+    follows ``model.train()`` / ``model.eval()``.
+
+    safetorch: none (``nn.Dropout`` is the safe spelling).
+    """
+
+    code = "ST016"
+    name = "functional-dropout-without-training"
+    pitfall = "F.dropout ignores model.eval() unless training=self.training is passed"
+    safetorch = None
+    torch_symbols = ()  # nothing to route: only the call site knows self.training
+    fixable = True
+    fix_applicability = UNSAFE
+    node_types = (ast.Call,)
+
+    def visit(self, node: ast.Call) -> None:
+        qual = self.ctx.qualname(node.func)
+        if qual not in _FUNCTIONAL_DROPOUTS:
+            return
+        scope = self.ctx.scope
+        if not (isinstance(scope, ast.FunctionDef) and scope.name == "forward"):
+            return
+        params = scope.args.posonlyargs + scope.args.args
+        if not params or _keyword(node, "training") is not None or len(node.args) > 2:
+            return
+        if _has_double_star(node) or _has_star(node):
+            return
+        owner = params[0].arg
+        spelled = f"training={owner}.training"
+        edit = _add_keywords(self.ctx, node, spelled)
+        fix = None if edit is None else Fix(f"add {spelled}", (edit,), UNSAFE)
+        if _FUNCTIONAL_DROPOUTS[qual]:
+            what = "keeps dropping in eval mode (training defaults to True)"
+        else:
+            what = "never drops, not even in training (training defaults to False)"
+        self.report(
+            node,
+            f"{_short(qual)} in forward without training= {what}: pass {spelled} "
+            "or use an nn.Dropout module",
+            fix,
+        )
 
 
 class SyntaxErrorRule(Rule):
@@ -1157,6 +1756,8 @@ RULES: Tuple[Type[Rule], ...] = (
     DiscardedNonStrictLoad,
     DataParallelUsed,
     ConvertSyncBatchNorm,
+    PositionalEpsInNorm,
+    FunctionalDropoutWithoutTraining,
 )
 
 
@@ -1170,7 +1771,9 @@ class RuleInfo:
         pitfall: One line: what goes wrong.
         safetorch: The public safetorch function for the pitfall, or None.
         torch_symbols: The torch entry points the pitfall lives in.
-        fixable: Whether ``--fix`` can rewrite (some of) its findings.
+        fixable: Whether the rule has automatic fixes (for some of its findings).
+        fix_applicability: ``"safe"`` (``--fix``), ``"unsafe"`` (``--unsafe-fixes``) or a
+            phrase saying what it depends on.
 
     >>> RULE_TABLE["ST003"].safetorch
     'st.load'
@@ -1184,6 +1787,7 @@ class RuleInfo:
     safetorch: Optional[str]
     torch_symbols: Tuple[str, ...]
     fixable: bool
+    fix_applicability: str = SAFE
 
     def safetorch_for(self, symbol: str) -> Optional[str]:
         """The safetorch function that replaces torch entry point ``symbol`` of this rule."""
@@ -1199,7 +1803,9 @@ _ALL_RULES: Tuple[Type[Rule], ...] = (SyntaxErrorRule, *RULES)
 #: code -> pitfall -> safetorch function (and the torch entry points monkeypatch mode routes;
 #: ``RULE_TABLE[code].safetorch_for(symbol)`` gives the function for one entry point).
 RULE_TABLE: Dict[str, RuleInfo] = {
-    r.code: RuleInfo(r.code, r.name, r.pitfall, r.safetorch, r.torch_symbols, r.fixable)
+    r.code: RuleInfo(
+        r.code, r.name, r.pitfall, r.safetorch, r.torch_symbols, r.fixable, r.fix_applicability
+    )
     for r in _ALL_RULES
 }
 

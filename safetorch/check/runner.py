@@ -11,10 +11,11 @@ import sys
 import tokenize
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 from safetorch._atomic import atomic_write_text
-from safetorch.check.engine import SYNTAX_ERROR_CODE, Diagnostic, Rule, analyze
+from safetorch.check.config import Settings
+from safetorch.check.engine import SYNTAX_ERROR_CODE, Diagnostic, Options, Rule, analyze
 from safetorch.check.fixer import apply_fixes
 from safetorch.check.rules import select_rules
 
@@ -24,6 +25,7 @@ __all__ = [
     "check_file",
     "check_paths",
     "check_source",
+    "check_text",
     "fix_source",
     "iter_python_files",
 ]
@@ -53,8 +55,39 @@ _MAX_FIX_PASSES = 8
 Codes = Union[str, Iterable[str], None]
 
 
-def _select(select: Codes, ignore: Codes) -> Tuple[Tuple[Type[Rule], ...], bool]:
-    return select_rules(select, ignore)
+_DEFAULT_SETTINGS = Settings()
+_SELECTED: Dict[
+    Tuple[Optional[Tuple[str, ...]], Tuple[str, ...]], Tuple[Tuple[Type[Rule], ...], bool]
+] = {}
+
+
+def _codes(codes: Codes) -> Optional[Tuple[str, ...]]:
+    if codes is None:
+        return None
+    items = codes.split(",") if isinstance(codes, str) else list(codes)
+    return tuple(c.strip().upper() for c in items if c.strip())
+
+
+def _select(
+    select: Codes, ignore: Codes, settings: Optional[Settings] = None, path: Optional[str] = None
+) -> Tuple[Tuple[Type[Rule], ...], bool]:
+    """The rules for one file: ``select`` (else the configured one), every ignore that applies."""
+    settings = settings or _DEFAULT_SETTINGS
+    chosen = _codes(select)
+    if chosen is None:
+        chosen = settings.select
+    dropped = (*settings.ignore, *(_codes(ignore) or ()))
+    if path is not None:
+        dropped += settings.ignores_for(path)
+    key = (chosen, dropped)
+    found = _SELECTED.get(key)
+    if found is None:
+        found = _SELECTED[key] = select_rules(chosen, dropped or None)
+    return found
+
+
+def _options(settings: Optional[Settings]) -> Options:
+    return Options(min_torch=None if settings is None else settings.min_torch)
 
 
 def check_source(
@@ -62,6 +95,8 @@ def check_source(
     path: str = "<string>",
     select: Codes = None,
     ignore: Codes = None,
+    *,
+    settings: Optional[Settings] = None,
 ) -> List[Diagnostic]:
     """Check Python source text.
 
@@ -70,6 +105,8 @@ def check_source(
         path: The name findings are reported under.
         select: Rule codes or prefixes to run (``"ST003,ST004"`` or a list); default all.
         ignore: Rule codes or prefixes to skip.
+        settings: Project settings (``[tool.safetorch]``): per-file ignores for ``path`` and
+            the minimum torch version some rules depend on.
 
     Returns:
         The findings not suppressed by ``# noqa``, sorted by position.
@@ -81,18 +118,28 @@ def check_source(
     >>> [str(d) for d in check_source(src, "train.py")]
     ['train.py:2:6: ST003 torch.load without weights_only can execute code from the file: pass weights_only=True or use st.load']
     """
-    rules, syntax = _select(select, ignore)
-    return analyze(source, path, rules, keep_syntax_errors=syntax)
+    rules, syntax = _select(select, ignore, settings, path)
+    return analyze(source, path, rules, keep_syntax_errors=syntax, options=_options(settings))
 
 
 def _fix(
-    source: str, path: str, rules: Sequence[Type[Rule]], syntax: bool
+    source: str,
+    path: str,
+    rules: Sequence[Type[Rule]],
+    syntax: bool,
+    options: Options,
+    unsafe_fixes: bool,
 ) -> Tuple[str, List[Diagnostic], int]:
     """Fix until nothing changes; return (source, remaining findings, fixes applied)."""
     applied_total = 0
-    found = analyze(source, path, rules, keep_syntax_errors=syntax)
+
+    def run(text: str) -> List[Diagnostic]:
+        return analyze(text, path, rules, keep_syntax_errors=syntax, options=options)
+
+    found = run(source)
     for _ in range(_MAX_FIX_PASSES):
-        fixed, applied = apply_fixes(source, found)
+        allowed = [d for d in found if d.fix is not None and (unsafe_fixes or d.fix.safe)]
+        fixed, applied = apply_fixes(source, allowed)
         if not applied or fixed == source:
             break
         try:
@@ -100,7 +147,7 @@ def _fix(
         except (SyntaxError, ValueError):  # never hand back a file that no longer parses
             break
         source, applied_total = fixed, applied_total + applied
-        found = analyze(source, path, rules, keep_syntax_errors=syntax)
+        found = run(source)
     return source, found, applied_total
 
 
@@ -109,16 +156,22 @@ def fix_source(
     path: str = "<string>",
     select: Codes = None,
     ignore: Codes = None,
+    *,
+    unsafe_fixes: bool = False,
+    settings: Optional[Settings] = None,
 ) -> str:
-    """Apply every automatic fix to ``source`` and return the fixed text.
+    """Apply the automatic fixes to ``source`` and return the fixed text.
 
-    Only the span of each finding changes; running it again changes nothing.
+    Safe fixes only (they keep behaviour and checkpoint compatibility), unless
+    ``unsafe_fixes``. Only the span of each finding changes; running it again changes nothing.
 
     Args:
         source: The code.
         path: The name used in messages.
         select: Rule codes or prefixes whose fixes to apply; default all.
         ignore: Rule codes or prefixes to leave alone.
+        unsafe_fixes: Also apply the fixes that change behaviour (``--unsafe-fixes``).
+        settings: Project settings (``[tool.safetorch]``).
 
     Returns:
         The fixed source (``source`` itself when nothing is fixable).
@@ -131,12 +184,15 @@ def fix_source(
     y = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
     <BLANKLINE>
     """
-    rules, syntax = _select(select, ignore)
-    return _fix(source, path, rules, syntax)[0]
+    rules, syntax = _select(select, ignore, settings, path)
+    return _fix(source, path, rules, syntax, _options(settings), unsafe_fixes)[0]
 
 
 def iter_python_files(
-    paths: Iterable[str], excludes: Iterable[str] = DEFAULT_EXCLUDES
+    paths: Iterable[str],
+    excludes: Iterable[str] = DEFAULT_EXCLUDES,
+    settings: Optional[Settings] = None,
+    force_exclude: bool = False,
 ) -> Iterator[str]:
     """The ``.py`` files under ``paths``, in a stable order.
 
@@ -146,6 +202,9 @@ def iter_python_files(
     Args:
         paths: Files and directories.
         excludes: Directory names to skip while walking.
+        settings: Its ``extend-exclude`` patterns are skipped while walking too.
+        force_exclude: Apply ``extend-exclude`` to files named explicitly as well (for
+            pre-commit, which names every file).
 
     Raises:
         FileNotFoundError: A path that does not exist.
@@ -158,15 +217,27 @@ def iter_python_files(
     ['a.py']
     """
     skip = frozenset(excludes)
+    excluded = settings.excluded if settings is not None and settings.extend_exclude else None
     for path in paths:
         if os.path.isdir(path):
+            if force_exclude and excluded is not None and excluded(path):
+                continue
             for root, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if d not in skip and not d.endswith(".egg-info"))
+                dirs[:] = sorted(
+                    d
+                    for d in dirs
+                    if d not in skip
+                    and not d.endswith(".egg-info")
+                    and not (excluded is not None and excluded(os.path.join(root, d)))
+                )
                 for name in sorted(files):
                     if name.endswith(".py"):
-                        yield os.path.join(root, name)
+                        full = os.path.join(root, name)
+                        if excluded is None or not excluded(full):
+                            yield full
         elif os.path.isfile(path):
-            yield path
+            if not (force_exclude and excluded is not None and excluded(path)):
+                yield path
         else:
             raise FileNotFoundError(f"no such file or directory: {path!r}")
 
@@ -189,6 +260,7 @@ class FileResult:
         fixed: Number of fixes applied (or, with ``write=False``, that would be).
         before: The original text (only when fixing).
         after: The fixed text (only when fixing).
+        error: Why the file could not be read (then nothing else is set).
     """
 
     path: str
@@ -196,6 +268,7 @@ class FileResult:
     fixed: int = 0
     before: Optional[str] = None
     after: Optional[str] = None
+    error: Optional[str] = None
 
 
 def check_file(
@@ -204,10 +277,14 @@ def check_file(
     ignore: Codes = None,
     fix: bool = False,
     write: bool = False,
+    *,
+    unsafe_fixes: bool = False,
+    settings: Optional[Settings] = None,
 ) -> FileResult:
     """Check one file; with ``fix`` compute its fixed text, with ``write`` also save it.
 
-    A file that cannot be read or decoded is reported as ST000, like a syntax error.
+    A file that cannot be decoded is reported as ST000, like a syntax error (Python reports
+    it as one); a file that cannot be read at all sets ``FileResult.error``.
 
     Args:
         path: The file.
@@ -215,6 +292,8 @@ def check_file(
         ignore: Rule codes or prefixes to skip.
         fix: Apply the automatic fixes (in memory).
         write: Write the fixed text back (atomically); needs ``fix``.
+        unsafe_fixes: Also apply the fixes that change behaviour.
+        settings: Project settings (``[tool.safetorch]``).
 
     Returns:
         A ``FileResult``.
@@ -222,11 +301,13 @@ def check_file(
     >>> import pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp(), "m.py")
     >>> _ = p.write_text("y = x.detach().add_(1)\\n")
-    >>> r = check_file(str(p), fix=True, write=True); (r.fixed, p.read_text())
+    >>> r = check_file(str(p), fix=True, write=True); (r.fixed, len(r.diagnostics))
+    (0, 1)
+    >>> r = check_file(str(p), fix=True, write=True, unsafe_fixes=True); (r.fixed, p.read_text())
     (1, 'y = x.detach().clone().add_(1)\\n')
     """
     with _gc_paused():
-        return _check_file(path, select, ignore, fix, write)
+        return _check_file(path, select, ignore, fix, write, unsafe_fixes, settings)
 
 
 @contextlib.contextmanager
@@ -246,23 +327,76 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _check_file(path: str, select: Codes, ignore: Codes, fix: bool, write: bool) -> FileResult:
-    rules, syntax = _select(select, ignore)
+def _check_file(
+    path: str,
+    select: Codes,
+    ignore: Codes,
+    fix: bool,
+    write: bool,
+    unsafe_fixes: bool,
+    settings: Optional[Settings],
+) -> FileResult:
+    rules, syntax = _select(select, ignore, settings, path)
     try:
         source, encoding = _read(path)
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
-        diag = Diagnostic(path, 1, 1, 1, 1, SYNTAX_ERROR_CODE, f"cannot read file: {exc}")
+    except OSError as exc:
+        return FileResult(path, error=f"cannot read {path}: {exc.strerror or exc}")
+    except (UnicodeDecodeError, SyntaxError) as exc:
+        diag = Diagnostic(path, 1, 1, 1, 1, SYNTAX_ERROR_CODE, f"cannot decode file: {exc}")
         return FileResult(path, [diag] if syntax else [])
+    return _check_text(source, path, rules, syntax, fix, unsafe_fixes, settings, encoding, write)
+
+
+def _check_text(
+    source: str,
+    path: str,
+    rules: Sequence[Type[Rule]],
+    syntax: bool,
+    fix: bool,
+    unsafe_fixes: bool,
+    settings: Optional[Settings],
+    encoding: str = "utf-8",
+    write: bool = False,
+) -> FileResult:
+    options = _options(settings)
     if not fix:
-        return FileResult(path, analyze(source, path, rules, keep_syntax_errors=syntax))
-    fixed, remaining, count = _fix(source, path, rules, syntax)
+        found = analyze(source, path, rules, keep_syntax_errors=syntax, options=options)
+        return FileResult(path, found)
+    fixed, remaining, count = _fix(source, path, rules, syntax, options, unsafe_fixes)
     if write and fixed != source:
         atomic_write_text(path, fixed, encoding=encoding)
     return FileResult(path, remaining, count, source, fixed)
 
 
-def _check_file_job(args: Tuple[str, Codes, Codes, bool, bool]) -> FileResult:
-    return check_file(*args)
+def check_text(
+    source: str,
+    path: str = "-",
+    select: Codes = None,
+    ignore: Codes = None,
+    fix: bool = False,
+    *,
+    unsafe_fixes: bool = False,
+    settings: Optional[Settings] = None,
+) -> FileResult:
+    """Check source text (stdin) as the file ``path``; with ``fix`` compute the fixed text.
+
+    >>> r = check_text("import torch\\ntorch.load('a', map_location='cpu')\\n", "m.py", fix=True)
+    >>> r.fixed, [d.code for d in r.diagnostics], r.diagnostics[0].fix.applicability
+    (0, ['ST003'], 'unsafe')
+    """
+    rules, syntax = _select(select, ignore, settings, path)
+    with _gc_paused():
+        return _check_text(source, path, rules, syntax, fix, unsafe_fixes, settings)
+
+
+_Job = Tuple[str, Codes, Codes, bool, bool, bool, Optional[Settings]]
+
+
+def _check_file_job(args: _Job) -> FileResult:
+    path, select, ignore, fix, write, unsafe_fixes, settings = args
+    return check_file(
+        path, select, ignore, fix, write, unsafe_fixes=unsafe_fixes, settings=settings
+    )
 
 
 def check_paths(
@@ -272,6 +406,10 @@ def check_paths(
     jobs: int = 1,
     fix: bool = False,
     write: bool = False,
+    *,
+    unsafe_fixes: bool = False,
+    settings: Optional[Settings] = None,
+    force_exclude: bool = False,
 ) -> List[FileResult]:
     """Check every ``.py`` file under ``paths``, in ``jobs`` processes.
 
@@ -282,6 +420,10 @@ def check_paths(
         jobs: Worker processes (1: check in this process).
         fix: Apply the automatic fixes (in memory).
         write: Write fixed files back atomically (needs ``fix``).
+        unsafe_fixes: Also apply the fixes that change behaviour.
+        settings: Project settings (``[tool.safetorch]``): select, ignore, per-file-ignores,
+            extend-exclude, minimum torch version.
+        force_exclude: Apply ``extend-exclude`` to files named explicitly too.
 
     Returns:
         One ``FileResult`` per file, in walking order.
@@ -296,9 +438,11 @@ def check_paths(
     >>> [d.code for r in check_paths([d]) for d in r.diagnostics]
     ['ST003', 'ST004']
     """
-    _select(select, ignore)  # fail on a bad code before starting workers
-    files = list(iter_python_files(paths))
-    job_args = [(p, select, ignore, fix, write) for p in files]
+    _select(select, ignore, settings)  # fail on a bad code before starting workers
+    for _pattern, codes in settings.per_file_ignores if settings else ():
+        select_rules(None, codes)
+    files = list(iter_python_files(paths, settings=settings, force_exclude=force_exclude))
+    job_args: List[_Job] = [(p, select, ignore, fix, write, unsafe_fixes, settings) for p in files]
     if jobs <= 1 or len(files) <= 1:
         return [_check_file_job(a) for a in job_args]
     import multiprocessing

@@ -49,7 +49,7 @@ def test_text_output_and_exit_1(capsys: pytest.CaptureFixture[str], legacy: Path
         ("5", "6", "ST004"),
     ]
     assert all(ln.startswith(f"{legacy}:") for ln in lines)
-    assert "found 3 finding(s) (2 fixable with --fix)" in err
+    assert "found 3 finding(s) (1 fixable with --fix, 1 more with --unsafe-fixes)" in err
 
 
 def test_clean_file_exits_0(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -96,23 +96,23 @@ def test_usage_errors_exit_2(
     capsys: pytest.CaptureFixture[str], legacy: Path, argv: List[str], message: str
 ) -> None:
     paths = [] if argv in ([], ["--explain", "ST999"]) or "does/not" in argv[0] else [str(legacy)]
-    code, _, err = run(capsys, *argv, *paths)
-    assert code == 2
-    assert message in err and "usage: safetorch check" in err
+    code, out, err = run(capsys, *argv, *paths)
+    assert code == 2 and out == ""
+    assert message in err
+    assert err.startswith("safetorch check: error: ") and err.count("\n") == 1  # one line
 
 
 def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["check", "--format", "xml", str(legacy)])
-    assert exc.value.code == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert main(["check", "--format", "xml", str(legacy)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err and err.count("\n") == 1
 
 
 def test_explain(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--explain", "ST005")
     assert code == 0
     assert out.startswith("ST005 (detach-then-inplace):")
-    assert "st.safe_copy" in out and "Fix (automatic)" in out
+    assert "st.safe_copy" in out and "Fix (unsafe" in out
 
 
 def test_diff_prints_and_writes_nothing(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
@@ -124,10 +124,10 @@ def test_diff_prints_and_writes_nothing(capsys: pytest.CaptureFixture[str], lega
     changed = [ln for ln in out.splitlines()[2:] if ln[:1] in "+-"]
     assert changed == [
         "-y = F.upsample(x, scale_factor=2)",
-        '-sd = torch.load("a.pt")',
         "+y = F.interpolate(x, scale_factor=2)",
-        '+sd = torch.load("a.pt", weights_only=True)',
     ]
+    _, out, _ = run(capsys, "--diff", "--unsafe-fixes", str(legacy))
+    assert '+sd = torch.load("a.pt", weights_only=True)' in out.splitlines()
 
 
 def test_no_write_without_fix(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
@@ -139,16 +139,22 @@ def test_no_write_without_fix(capsys: pytest.CaptureFixture[str], legacy: Path) 
 def test_fix_writes_and_is_idempotent(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
     legacy.chmod(0o640)
     code, out, err = run(capsys, "--fix", str(legacy))
+    # Plain --fix: only the safe upsample fix; ST003's needs --unsafe-fixes (min torch unknown).
+    assert code == 1
+    assert [ln.split(": ")[1].split()[0] for ln in out.splitlines()] == ["ST003", "ST004"]
+    assert "fixed 1 finding(s), found 2 finding(s) (1 more with --unsafe-fixes)" in err
+    assert legacy.read_text() == LEGACY.replace("F.upsample(", "F.interpolate(")
+    code, out, err = run(capsys, "--fix", "--unsafe-fixes", str(legacy))
     assert code == 1  # ST004 (no map_location) has no automatic fix and remains
     assert [ln.split(": ")[1].split()[0] for ln in out.splitlines()] == ["ST004"]
-    assert "fixed 2 finding(s)" in err
+    assert "fixed 1 finding(s)" in err and "--unsafe-fixes" not in err
     fixed = legacy.read_text()
     assert fixed == LEGACY.replace("F.upsample(", "F.interpolate(").replace(
         '"a.pt")', '"a.pt", weights_only=True)'
     )
     assert stat.S_IMODE(legacy.stat().st_mode) == 0o640
     assert [p.name for p in legacy.parent.iterdir()] == ["legacy.py"]  # no temp file left
-    code, _, err = run(capsys, "--fix", str(legacy))
+    code, _, err = run(capsys, "--fix", "--unsafe-fixes", str(legacy))
     assert legacy.read_text() == fixed and "fixed" not in err
     assert run(capsys, "--fix", "--ignore", "ST004", str(legacy))[0] == 0
 
@@ -167,7 +173,9 @@ def test_fix_keeps_encoding_and_newlines(
 ) -> None:
     path = tmp_path / "m.py"
     path.write_bytes(encoded)
-    assert run(capsys, "--fix", str(path))[0] == 0
+    assert run(capsys, "--fix", str(path))[0] == 1  # the clone is an unsafe fix
+    assert path.read_bytes() == encoded
+    assert run(capsys, "--fix", "--unsafe-fixes", str(path))[0] == 0
     assert path.read_bytes() == encoded.replace(b"detach()", b"detach().clone()")
 
 

@@ -24,7 +24,7 @@ def run(source: str, **env: Any) -> Dict[str, Any]:
 
 def fixed(body: str) -> str:
     source = HEADER + textwrap.dedent(body)
-    after = fix_source(source)
+    after = fix_source(source, unsafe_fixes=True)
     assert after != source, "expected a fix"
     assert [d for d in check_source(after) if d.fix is not None] == []
     return after
@@ -102,3 +102,29 @@ def test_bias_fix_keeps_the_batchnorm_output_in_training() -> None:
     x = torch.randn(2, 3, 8, 8)
     # The bias was cancelled by BatchNorm's mean subtraction: same output without it.
     torch.testing.assert_close(after(x), before(x), rtol=1e-5, atol=1e-5)
+
+
+def test_bias_fix_is_unsafe_because_checkpoints_stop_loading() -> None:
+    # The reason ST008's fix is only applied with --unsafe-fixes: a checkpoint saved before
+    # the fix no longer loads into the fixed model.
+    body = "net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))"
+    source = HEADER + body
+    assert fix_source(source) == source
+    state = run(source)["net"].state_dict()
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "0.bias"'):
+        run(fixed(body))["net"].load_state_dict(state)
+
+
+def test_dropout_fix_turns_dropout_off_in_eval() -> None:
+    body = """
+    class Net(nn.Module):
+        def forward(self, x):
+            return F.dropout(x, 0.5)
+    net = Net().eval()
+    """
+    source = HEADER + textwrap.dedent(body)
+    assert fix_source(source) == source  # unsafe: plain --fix leaves it
+    x = torch.ones(1000)
+    torch.manual_seed(0)
+    assert not torch.equal(run(source)["net"](x), x)  # still dropping in eval
+    assert torch.equal(run(fixed(body))["net"](x), x)

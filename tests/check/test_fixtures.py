@@ -18,6 +18,8 @@ _EXPECT = re.compile(r"# expect: ([A-Z0-9 ]+)")
 FINDING_FIXTURES = sorted(
     p for p in FIXTURES.glob("*.py") if not p.name.endswith((".in.py", ".out.py"))
 )
+# The labelled corpus of real-code idioms: corpus/<rule>_tp.py / <rule>_fp.py.
+CORPUS = sorted((FIXTURES / "corpus").glob("*.py"))
 FIX_PAIRS = sorted(FIXTURES.glob("*.in.py"))
 
 
@@ -35,7 +37,7 @@ def test_fixture_sets_are_not_empty() -> None:
     assert len(FIX_PAIRS) >= 5
 
 
-@pytest.mark.parametrize("path", FINDING_FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FINDING_FIXTURES + CORPUS, ids=lambda p: p.name)
 def test_expected_findings(path: Path) -> None:
     source = path.read_text()
     got = sorted((d.line, d.code) for d in check_source(source, str(path)))
@@ -52,10 +54,17 @@ def test_clean_idioms_have_no_findings() -> None:
 def test_fix_pair(path: Path) -> None:
     before = path.read_text()
     expected = path.with_name(path.name.replace(".in.py", ".out.py")).read_text()
-    after = fix_source(before, str(path))
+    after = fix_source(before, str(path), unsafe_fixes=True)
     assert after == expected
     # Idempotent: a second fix changes nothing.
-    assert fix_source(after, str(path)) == after
+    assert fix_source(after, str(path), unsafe_fixes=True) == after
+    safe_expected = path.with_name(path.name.replace(".in.py", ".safe.out.py"))
+    safe_after = fix_source(before, str(path))
+    if safe_expected.exists():
+        assert safe_after == safe_expected.read_text()
+        assert safe_after != after, "a .safe.out.py that equals .out.py is not needed"
+    else:
+        assert safe_after == after
     # The fixed file parses, nothing fixable is left, and no new finding appeared.
     ast.parse(after)
     left = check_source(after, str(path))
@@ -70,7 +79,7 @@ def test_fix_pair(path: Path) -> None:
 @pytest.mark.parametrize("path", FIX_PAIRS, ids=lambda p: p.name)
 def test_fix_only_touches_finding_lines(path: Path) -> None:
     before = path.read_text()
-    after = fix_source(before)
+    after = fix_source(before, unsafe_fixes=True)
     touched = {
         line
         for d in check_source(before)

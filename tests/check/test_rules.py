@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import List
@@ -97,7 +95,7 @@ def test_positions_are_one_based_characters() -> None:
     line = src.splitlines()[1]
     assert (d.line, d.col) == (2, line.index("torch.load") + 1)
     assert (d.end_line, d.end_col) == (2, len(line) + 1)
-    fixed = fix_source(src)
+    fixed = fix_source(src, unsafe_fixes=True)
     assert (
         fixed.splitlines()[1]
         == 's = "éé"; sd = torch.load("a.pt", map_location="cpu", weights_only=True)'
@@ -106,7 +104,7 @@ def test_positions_are_one_based_characters() -> None:
 
 def test_fix_keeps_crlf_line_endings() -> None:
     src = 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu"\r\n)\r\n'
-    fixed = fix_source(src)
+    fixed = fix_source(src, unsafe_fixes=True)
     assert (
         fixed
         == 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu", weights_only=True\r\n)\r\n'
@@ -116,7 +114,10 @@ def test_fix_keeps_crlf_line_endings() -> None:
 def test_form_feed_does_not_shift_lines() -> None:
     # str.splitlines() would split at \x0c; the tokenizer does not.
     src = "import torch\n# page\x0cbreak\ny = x.detach().zero_()\n"
-    assert fix_source(src) == "import torch\n# page\x0cbreak\ny = x.detach().clone().zero_()\n"
+    assert (
+        fix_source(src, unsafe_fixes=True)
+        == "import torch\n# page\x0cbreak\ny = x.detach().clone().zero_()\n"
+    )
 
 
 def test_text_format_is_flake8_style() -> None:
@@ -212,7 +213,7 @@ def test_state_dict_rule_needs_the_wrapper() -> None:
 
 def test_rule_table_covers_every_rule() -> None:
     assert list(RULE_TABLE) == ["ST000"] + [r.code for r in RULES]
-    assert len(set(RULE_TABLE)) == len(RULE_TABLE) == 15
+    assert len(set(RULE_TABLE)) == len(RULE_TABLE) == 17
     for code, info in RULE_TABLE.items():
         assert re.fullmatch(r"ST\d{3}", code)
         assert info.pitfall and info.name
@@ -226,13 +227,21 @@ def test_rule_table_covers_every_rule() -> None:
         doc = rule.__doc__ or ""
         assert "safetorch: " in doc, code
         if code != "ST000":
-            assert ("Fix (automatic)" if rule.fixable else "Fix (manual)") in doc, code
+            if not rule.fixable:
+                assert "Fix (manual)" in doc, code
+            elif rule.fix_applicability == "unsafe":
+                assert "Fix (unsafe" in doc, code
+            elif rule.fix_applicability == "safe":
+                assert "Fix (automatic, safe)" in doc, code
+            else:  # depends on the project: the docstring says on what
+                assert "Fix (automatic)" in doc and "unsafe" in doc, code
+        assert info.fix_applicability == rule.fix_applicability
 
 
 def test_messages_name_the_safetorch_function() -> None:
     fixtures = Path(__file__).parent / "fixtures"
     seen = set()
-    for path in fixtures.glob("*.py"):
+    for path in fixtures.rglob("*.py"):
         for d in check_source(path.read_text(), str(path)):
             seen.add(d.code)
             expected = RULE_TABLE[d.code].safetorch
@@ -284,34 +293,15 @@ def test_fix_is_idempotent_and_complete(lines: List[str], indent: bool) -> None:
     if indent:
         body = "def f(x, path, p):\n" + textwrap.indent(body, "    ")
     source = _HEADER + body
-    fixed = fix_source(source)
+    fixed = fix_source(source, unsafe_fixes=True)
     ast.parse(fixed)
-    assert fix_source(fixed) == fixed
+    assert fix_source(fixed, unsafe_fixes=True) == fixed
     assert [d for d in check_source(fixed) if d.fix is not None] == []
-
-
-def test_checker_never_imports_torch() -> None:
-    # Load safetorch.check without safetorch/__init__.py (which imports torch for the
-    # library): the checker itself must work on a machine without torch.
-    script = textwrap.dedent(
-        f"""
-        import sys, types
-        pkg = types.ModuleType("safetorch")
-        pkg.__path__ = [{str(REPO / "safetorch")!r}]
-        sys.modules["safetorch"] = pkg
-        import safetorch.check as c
-        import safetorch.check.cli
-        found = c.check_source("import torch\\ntorch.load('a')\\n")
-        assert [d.code for d in found] == ["ST003", "ST004"], found
-        assert "torch" not in sys.modules, "the checker imported torch"
-        print("ok")
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    # Plain --fix applies only the safe fixes: every unsafe one is still offered.
+    safe = fix_source(source)
+    assert fix_source(safe) == safe
+    left = check_source(safe)
+    assert all(not d.fix.safe for d in left if d.fix is not None)
 
 
 @pytest.mark.parametrize(
