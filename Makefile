@@ -40,9 +40,12 @@ gpu-check:
 bench: venv
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
-# Opt-in compatibility matrix (never part of `make test` or .ci/run).
+# Opt-in compatibility matrix (never part of `make test` or .ci/run): every row (a Python and a
+# torch; Python 3.9 with the lowest torch, the newest torch with cp39 wheels and every dependency
+# at its floor) runs the whole suite twice; a test whose outcome differs is flaky (row red).
+# A subset: make test-compat COMPAT_ROWS="3.9:2.8.0 2.14.1"
 test-compat:
-	bash tools/compat.sh
+	bash tools/compat.sh $(COMPAT_ROWS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -322,20 +322,42 @@ def _check_ranges(checks: "Sequence[Tuple[torch.Tensor, int, int, int]]") -> Non
 
 
 # --- index transforms for clip / wrap / fill / deferred ------------------------------------
-def _valid_mask(t: torch.Tensor, lo: int, n: int) -> torch.Tensor:
-    return (t >= lo) & (t < n)
+def _out_of_range(t: torch.Tensor, lo: int, n: int) -> torch.Tensor:
+    """Bool mask of the entries of ``t`` outside ``[lo, n)`` (no host sync)."""
+    return (t < lo) | (t >= n)
 
 
 def _transform(t: torch.Tensor, lo: int, n: int, mode: str) -> torch.Tensor:
-    """Map out-of-range entries of ``t`` into range (no host sync). ``n > 0``."""
+    """Map out-of-range entries of ``t`` into range for clip / wrap (no host sync). ``n > 0``.
+
+    fill / deferred use ``_zero_bad`` with the mask they need anyway.
+    """
     if mode == "clip":
         if lo < 0:  # in-range negatives keep their meaning; beyond -n clamps to 0
             return torch.where(t < lo, torch.zeros_like(t), t.clamp(max=n - 1))
         return t.clamp(0, n - 1)
-    if mode == "wrap":
-        return t.remainder(n)
-    # fill / deferred: any in-range value; 0 is always valid for n > 0
-    return torch.where(_valid_mask(t, lo, n), t, torch.zeros_like(t))
+    return t.remainder(n)  # wrap
+
+
+def _zero_bad(t: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    # fill / deferred: any in-range value will do; 0 is valid for n > 0 (for n == 0, fill pads
+    # the empty dimension with one slab first). A Python scalar, not a tensor made from one:
+    # that would be a host-to-device copy, which synchronizes.
+    return t.masked_fill(bad, 0)
+
+
+def _fill_tensor(fill: Any, out: torch.Tensor) -> torch.Tensor:
+    """``fill`` as a 0-d tensor of ``out``'s dtype on ``out``'s device, without a host sync.
+
+    ``torch.as_tensor(3.0, device="cuda")`` builds the value on the host and copies it to the
+    device from pageable memory, a synchronizing copy; ``torch.full`` launches a fill kernel.
+    """
+    if isinstance(fill, _Tensor):
+        return fill.to(device=out.device, dtype=out.dtype)  # the caller's tensor, as given
+    try:
+        return torch.full((), fill, dtype=out.dtype, device=out.device)
+    except TypeError:  # not a scalar (a nested list, ...): torch.as_tensor judges it
+        return torch.as_tensor(fill, dtype=out.dtype, device=out.device)
 
 
 def _default_fill(dtype: torch.dtype) -> Any:
@@ -356,14 +378,23 @@ class _DeferredState:
         self.states: "Dict[torch.device, torch.Tensor]" = {}
         self.sites: "List[str]" = []
         self.site_ids: "Dict[Tuple[str, int, str], int]" = {}
+        # Device constants reused by every call: the record [1, 0, dim, size, site] per
+        # (device, dim, size, site) and, per device, the mask of the value slot. Building them
+        # per call cost five small kernels (four fills and a stack) on every deferred call.
+        self.entries: "Dict[Tuple[torch.device, int, int, int], torch.Tensor]" = {}
+        self.value_slots: "Dict[torch.device, torch.Tensor]" = {}
 
 
 _deferred = _DeferredState()
+_MAX_CACHED_ENTRIES = 4096  # bounds the cache when sizes vary from call to call
 
 
 def _call_site(depth: int) -> int:
     frame = sys._getframe(depth)
     key = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    site = _deferred.site_ids.get(key)  # a dict read is atomic: lock only to add a site
+    if site is not None:
+        return site
     with _deferred.lock:
         site = _deferred.site_ids.get(key)
         if site is None:
@@ -373,28 +404,51 @@ def _call_site(depth: int) -> int:
     return site
 
 
-def _record(t: torch.Tensor, lo: int, n: int, dim: int, site: int) -> None:
+def _entry_constants(
+    dev: torch.device, dim: int, n: int, site: int
+) -> "Tuple[torch.Tensor, torch.Tensor]":
+    """(record with value 0, value-slot mask) on ``dev``; caller holds ``_deferred.lock``.
+
+    Built once from fill kernels (``torch.tensor([...], device=dev)`` would copy from the host
+    and synchronize), then reused.
+    """
+    key = (dev, dim, n, site)
+    entry = _deferred.entries.get(key)
+    if entry is None:
+        if len(_deferred.entries) >= _MAX_CACHED_ENTRIES:
+            _deferred.entries.clear()
+        entry = torch.stack(
+            [torch.full((), v, dtype=torch.int64, device=dev) for v in (1, 0, dim, n, site)]
+        )
+        _deferred.entries[key] = entry
+    slot = _deferred.value_slots.get(dev)
+    if slot is None:
+        slot = torch.arange(5, device=dev) == 1
+        _deferred.value_slots[dev] = slot
+    return entry, slot
+
+
+def _record(t: torch.Tensor, bad: torch.Tensor, dim: int, n: int, site: int) -> None:
+    """Record the first ``True`` of ``bad`` (the out-of-range mask of ``t``) on the device.
+
+    No host sync: every step is a kernel on ``t``'s device, and ``_zero_bad`` reuses ``bad``.
+    """
     dev = t.device
-    flat = t.reshape(-1).to(torch.int64)
-    bad = (flat < lo) | (flat >= n)
+    # A bool -> uint8 view is free (same element size); argmax has no bool kernel everywhere.
+    bad_flat = bad.reshape(-1).view(torch.uint8)
     # index_select with a 1-element device tensor: indexing with a 0-d tensor could sync.
-    first = _index_select(flat, 0, bad.to(torch.uint8).argmax().reshape(1)).reshape(())
-    entry = torch.stack(
-        [
-            torch.ones((), dtype=torch.int64, device=dev),
-            first,
-            torch.full((), dim, dtype=torch.int64, device=dev),
-            torch.full((), n, dtype=torch.int64, device=dev),
-            torch.full((), site, dtype=torch.int64, device=dev),
-        ]
-    )
+    pos = bad_flat.argmax().reshape(1)  # first out-of-range position; 0 if there is none
+    hit = _index_select(bad_flat, 0, pos)  # (1,) uint8: 1 iff this call is bad
+    first = _index_select(t.reshape(-1), 0, pos).to(torch.int64)
     with _deferred.lock:
+        base, value_slot = _entry_constants(dev, dim, n, site)
+        entry = torch.where(value_slot, first, base)
         state = _deferred.states.get(dev)
         if state is None:
             state = torch.zeros(5, dtype=torch.int64, device=dev)
-        # keep the first violation: replace only while no flag is set and this call is bad
-        take = (state[0] == 0) & bad.any()
-        _deferred.states[dev] = torch.where(take, entry, state)
+        # Keep the first violation: take this call's iff it is bad and no flag is set yet;
+        # with hit and flag in {0, 1} that is hit > flag (one comparison instead of ==, &).
+        _deferred.states[dev] = torch.where(hit > state[:1], entry, state)
 
 
 def raise_deferred() -> None:
@@ -564,15 +618,19 @@ def _getitem_modes(
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
     site = _call_site(3) if mode == "deferred" else 0
-    valid: Optional[torch.Tensor] = None
+    bad: Optional[torch.Tensor] = None  # fill: positions where any index is out of range
     for a in ints:
         t = a.tensor.to(x.device) if a.tensor.device != x.device else a.tensor
+        if mode == "clip" or mode == "wrap":
+            new_items[a.pos] = _transform(t, -a.size, a.size, mode)  # a.size > 0 here
+            continue
+        # fill / deferred: one out-of-range mask serves the record, the fill and the index
+        b = _out_of_range(t, -a.size, a.size)
         if mode == "deferred":
-            _record(t, -a.size, a.size, a.dim, site)
-        if mode == "fill":
-            v = _valid_mask(t, -a.size, a.size)
-            valid = v if valid is None else valid & v
-        new_items[a.pos] = _transform(t, -a.size, a.size, mode) if a.size else t.clamp(0, 0)
+            _record(t, b, a.dim, a.size, site)
+        else:
+            bad = b if bad is None else bad | b
+        new_items[a.pos] = _zero_bad(t, b)
     if mode == "fill" and empty_dims:
         # Some dimension is empty: pad it with one slab (cheap: that dimension is empty)
         # so index 0 exists, then every output position that hit it is filled below.
@@ -583,18 +641,16 @@ def _getitem_modes(
     out = _getitem(x, tuple(new_items))
     if mode != "fill":
         return out
-    assert valid is not None
+    assert bad is not None
     others = [a.broadcast_shape() for a in advs if a.kind != "int"]
     if others:
         # Masks contribute their nonzero() counts (torch syncs for them anyway) and Python
         # bools (1,) or (0,) to the broadcast shape of the advanced indices.
-        valid = valid.expand(torch.broadcast_shapes(valid.shape, *others))
+        bad = bad.expand(torch.broadcast_shapes(bad.shape, *others))
     start = _fill_layout(items, advs, produced)
-    view = [1] * start + list(valid.shape) + [1] * (out.dim() - start - valid.dim())
+    view = [1] * start + list(bad.shape) + [1] * (out.dim() - start - bad.dim())
     fill = _default_fill(out.dtype) if fill_value is None else fill_value
-    return torch.where(
-        valid.reshape(view), out, torch.as_tensor(fill, dtype=out.dtype, device=out.device)
-    )
+    return torch.where(bad.reshape(view), _fill_tensor(fill, out), out)
 
 
 def _normalize_dim(x: torch.Tensor, dim: int) -> Optional[Tuple[int, int]]:
@@ -643,25 +699,29 @@ def _select_like(
             _oob_message(int(index.reshape(-1)[0]), d, 0)
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
+    bad = _out_of_range(index, 0, n) if mode in ("fill", "deferred") else None
     if mode == "deferred":
-        _record(index, 0, n, d, _call_site(3))
+        assert bad is not None
+        _record(index, bad, d, n, _call_site(3))
     if n == 0:  # fill into an empty dimension: every position is fill_value
         pad_shape = list(x.shape) if x.dim() else [1]
         pad_shape[d] = 1
         x = torch.cat([x, x.new_zeros(pad_shape)], dim=d)
         safe = torch.zeros_like(index)
-    else:
+    elif bad is None:
         safe = _transform(index, 0, n, mode)
+    else:
+        safe = _zero_bad(index, bad)
     out = torch_op(x, dim, safe, **extra)
     if mode != "fill":
         return out
-    valid = _valid_mask(index, 0, n)
+    assert bad is not None
     if op == "index_select" and out.dim():
         view = [1] * out.dim()
         view[d] = -1
-        valid = valid.reshape(view)
+        bad = bad.reshape(view)
     fill = _default_fill(out.dtype) if fill_value is None else fill_value
-    return torch.where(valid, out, torch.as_tensor(fill, dtype=out.dtype, device=out.device))
+    return torch.where(bad, _fill_tensor(fill, out), out)
 
 
 def index_select(

@@ -16,7 +16,7 @@ import math
 import statistics
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -25,6 +25,7 @@ __all__ = ["cuda_timer", "benchmark", "TimingStats"]
 # Captured at import (monkeypatch mode and tests may replace the public names).
 _perf_counter = time.perf_counter
 _Event: Any = torch.cuda.Event
+_current_stream: Any = torch.cuda.current_stream
 _synchronize = torch.cuda.synchronize
 _cuda_available = torch.cuda.is_available
 
@@ -122,6 +123,25 @@ def _resolve_device(device: Optional[Union[str, torch.device]]) -> str:
     return kind
 
 
+class _TimerState(threading.local):
+    """One thread's state of one ``cuda_timer``: open measurements and idle CUDA events.
+
+    Events are reused rather than created per measurement: a new ``torch.cuda.Event`` costs
+    a ``cudaEventCreate`` on its first record and a ``cudaEventDestroy`` when collected, per
+    block timed. An event goes back to the pool only after its ``elapsed_time`` has been read,
+    and events are pooled per device (an event records only on streams of its own device).
+    """
+
+    def __init__(self) -> None:
+        self.starts: List[Any] = []  # stack (nesting): (event, device index) or perf_counter()
+        self.free: Dict[int, List[Any]] = {}  # device index -> idle timing events
+
+
+def _pooled_event(state: _TimerState, index: int) -> Any:
+    free = state.free.setdefault(index, [])
+    return free.pop() if free else _Event(enable_timing=True)
+
+
 class cuda_timer(contextlib.ContextDecorator):  # lowercase: used like torch.no_grad
     """Time a block or a function correctly on CUDA (events + one sync) and on CPU.
 
@@ -129,7 +149,7 @@ class cuda_timer(contextlib.ContextDecorator):  # lowercase: used like torch.no_
     ``timer = st.cuda_timer()``, ``@timer`` on a function; every call appends to
     ``timer.times``. On CUDA a pair of ``torch.cuda.Event(enable_timing=True)`` is recorded on
     the current stream of the current device and the end event is synchronized once on
-    exit; on CPU
+    exit (the timer reuses its events from one measurement to the next); on CPU
     ``time.perf_counter`` is read. Nesting and use from several threads are safe.
 
     Args:
@@ -161,32 +181,35 @@ class cuda_timer(contextlib.ContextDecorator):  # lowercase: used like torch.no_
         self.device = _resolve_device(device)
         self.ms: float = math.nan
         self.times: List[float] = []
-        self._local = threading.local()
-
-    def _starts(self) -> List[Any]:
-        starts = getattr(self._local, "starts", None)
-        if starts is None:
-            starts = self._local.starts = []
-        return starts
+        self._local = _TimerState()
 
     def __enter__(self) -> cuda_timer:
+        state = self._local
         if self.device == "cuda":
-            start = _Event(enable_timing=True)
-            start.record()  # on the current stream
-            self._starts().append(start)
+            stream = _current_stream()  # record() would look it up anyway; we need its device
+            index = stream.device_index
+            start = _pooled_event(state, index)
+            start.record(stream)
+            state.starts.append((start, index))
         else:
-            self._starts().append(_perf_counter())
+            state.starts.append(_perf_counter())
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        start = self._starts().pop()
+        state = self._local
         if self.device == "cuda":
-            end = _Event(enable_timing=True)
-            end.record()
+            start, start_index = state.starts.pop()
+            stream = _current_stream()
+            end = _pooled_event(state, stream.device_index)
+            end.record(stream)
             end.synchronize()  # the one synchronization: wait for the timed work only
             ms = float(start.elapsed_time(end))
+            # Both events are complete and read: free to record again (nested timers hold
+            # their own start events on the stack, so they never share one).
+            state.free[start_index].append(start)
+            state.free[stream.device_index].append(end)
         else:
-            ms = (_perf_counter() - start) * 1e3
+            ms = (_perf_counter() - state.starts.pop()) * 1e3
         self.ms = ms
         self.times.append(ms)
 

@@ -1,47 +1,63 @@
 #!/usr/bin/env bash
-# Compatibility matrix: run the whole test suite on real torch releases (`make test-compat`).
+# Compatibility matrix: run the whole test suite on real Python and torch releases
+# (`make test-compat`).
 #
-# Usage: bash tools/compat.sh [--setup-only] [VERSION ...]     (default: every version below)
+# Usage: bash tools/compat.sh [--setup-only] [--runs N] [ROW ...]    (default: every row below)
 #
-# For each torch VERSION: a cached venv .venv-compat/VERSION (git-ignored) holding exactly that
-# torch, the test dependencies and safetorch (`pip install --no-deps -e .`), then
-# `python -m pytest -q -p no:cacheprovider tests` with a JUnit XML. Per-version results are
-# written to benchmarks/compat/VERSION.json and benchmarks/COMPAT.md is regenerated from all of
-# them (versions not run this time keep their last recorded row). A version that cannot be
-# installed is recorded with pip's exact error and the matrix goes on with the rest.
+# A ROW is TORCH (on Python $COMPAT_DEFAULT_PYTHON), PYTHON:TORCH, or PYTHON:TORCH:min, e.g.
+# 2.6.0, 3.9:2.8.0, 3.9:1.13.1:min. A `min` row installs every test dependency and runtime
+# dependency at its floor (the `>=` bounds of pyproject.toml, pinned with `==`).
 #
-# Exit status: 0 when every requested version installed and its suite passed, 1 otherwise.
+# For each row: a cached venv .venv-compat/py<PYTHON>-<TORCH>[-min] (git-ignored) holding exactly
+# that torch, the test dependencies (pyproject's dev extra minus the linters) and safetorch
+# (`pip install --no-deps -e .`); then the suite (`python -m pytest -q -p no:cacheprovider tests`)
+# runs N times (default 2), each with its own JUnit XML. A test whose outcome differs between the
+# runs is reported as flaky and makes the row red. Per-row results are written to
+# benchmarks/compat/<row>.json and benchmarks/COMPAT.md is regenerated from all of them (rows not
+# run this time keep their last record). A row that cannot be installed is recorded with the
+# exact error and the matrix goes on with the rest.
+#
+# Exit status: 0 when every requested row installed and all its runs passed with no flaky test.
 #
 # Environment:
-#   COMPAT_PYTHON   interpreter for the venvs (default: python3; needs 3.11 for 2.13/2.14 wheels)
-#   COMPAT_TIMEOUT  seconds allowed for one version's pytest run (default 1800)
-#   COMPAT_NOTE     a note recorded with each version run and shown in COMPAT.md
-#   COMPAT_PYTEST_ARGS  extra pytest arguments (e.g. "-x" or a test path filter via -k)
+#   COMPAT_RUNS            runs of the suite per row (default 2; --runs overrides)
+#   COMPAT_DEFAULT_PYTHON  Python for a bare TORCH row (default 3.11)
+#   COMPAT_TIMEOUT         seconds allowed for one run of the suite (default 1800)
+#   COMPAT_NOTE            a note recorded with each row run and shown in COMPAT.md
+#   COMPAT_PYTEST_ARGS     extra pytest arguments (e.g. "-x" or a test path filter via -k)
+# Interpreters are found as pythonX.Y on PATH, then ~/.pyenv/versions/X.Y.*/bin/python.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
 
-ALL_VERSIONS=(1.13.1 2.1.2 2.6.0 2.13.0 2.14.1)
-PYTHON="${COMPAT_PYTHON:-python3}"
+# The floors and the newest releases: lowest supported Python (3.9) with the lowest supported
+# torch (1.13.1), with the newest torch that has cp39 wheels (2.8.0), and with every dependency at
+# its floor; Python 3.11 with each torch the project has tracked.
+ALL_ROWS=(3.9:1.13.1:min 3.9:1.13.1 3.9:2.8.0 3.11:1.13.1 3.11:2.1.2 3.11:2.6.0 3.11:2.13.0 3.11:2.14.1)
+DEFAULT_PYTHON="${COMPAT_DEFAULT_PYTHON:-3.11}"
+RUNS="${COMPAT_RUNS:-2}"
 TIMEOUT="${COMPAT_TIMEOUT:-1800}"
 VENVS="$ROOT/.venv-compat"
-RESULTS="$ROOT/benchmarks/compat"
-# Test dependencies (pyproject's dev extra minus the linters). torch is pinned in the same pip
-# command, so the resolver can never swap in another torch for one of these.
-TEST_DEPS=(pytest hypothesis "wrapt>=1.14" "packaging>=20" safetensors)
+HOST_PY="$(command -v python3)"  # runs tools/compat_report.py outside the venvs (needs 3.11+)
 
 setup_only=0
-versions=()
-for arg in "$@"; do
-    case "$arg" in
+rows=()
+while [ $# -gt 0 ]; do
+    case "$1" in
         --setup-only) setup_only=1 ;;
-        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
-        [0-9]*) versions+=("$arg") ;;
-        *) echo "compat.sh: unknown argument '$arg' (expected --setup-only or a torch version such as 2.6.0)" >&2; exit 2 ;;
+        --runs) shift; RUNS="${1:-}" ;;
+        --runs=*) RUNS="${1#--runs=}" ;;
+        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        [0-9]*) rows+=("$1") ;;
+        *) echo "compat.sh: unknown argument '$1' (expected --setup-only, --runs N or a row such as 2.6.0 or 3.9:2.8.0)" >&2; exit 2 ;;
     esac
+    shift
 done
-[ ${#versions[@]} -eq 0 ] && versions=("${ALL_VERSIONS[@]}")
+case "$RUNS" in '' | *[!0-9]* | 0) echo "compat.sh: --runs needs a positive integer" >&2; exit 2 ;; esac
+[ ${#rows[@]} -eq 0 ] && rows=("${ALL_ROWS[@]}")
+
+log() { echo "[compat $(date +%H:%M:%S)] $*"; }
 
 # numpy: torch < 2.3 was built against numpy 1.x and cannot use numpy 2.
 numpy_spec() {
@@ -51,41 +67,82 @@ numpy_spec() {
     esac
 }
 
-log() { echo "[compat $(date +%H:%M:%S)] $*"; }
+# find_python X.Y -> path of an interpreter reporting exactly X.Y (pyenv shims may lie).
+find_python() {
+    local want="$1" cand
+    for cand in "$(command -v "python$want" 2>/dev/null)" \
+        $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$want".*/bin/python 2>/dev/null | sort -V -r); do
+        [ -n "$cand" ] && [ -x "$cand" ] || continue
+        if [ "$("$cand" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$want" ]; then
+            echo "$cand"
+            return 0
+        fi
+    done
+    return 1
+}
 
-# setup VERSION -> 0 when the venv holds that torch and safetorch; writes install.log/install.err.
+# test_deps KIND -> one requirement per line: the dev extra minus the linters (KIND=newest), or
+# the dev extra and the runtime dependencies pinned at their floors (KIND=min).
+test_deps() {
+    "$HOST_PY" - "$1" "$ROOT/pyproject.toml" <<'PY'
+import re, sys, tomllib
+kind, path = sys.argv[1], sys.argv[2]
+project = tomllib.load(open(path, "rb"))["project"]
+dev = project["optional-dependencies"]["dev"]
+linters = {"ruff", "mypy"}
+for req in dev + (project["dependencies"] if kind == "min" else []):
+    name = re.split(r"[<>=!~; \[]", req, maxsplit=1)[0]
+    if name.lower() in linters or name.lower() == "torch":
+        continue
+    if kind == "min":
+        floor = re.search(r">=\s*([\w.]+)", req)
+        print(f"{name}=={floor.group(1)}" if floor else req)
+    else:
+        print(req)
+PY
+}
+
+# setup ROW PYVERSION TORCH KIND -> 0 when the venv holds that torch and safetorch.
 setup() {
-    local v="$1" venv="$VENVS/$1"
+    local row="$1" pyv="$2" v="$3" kind="$4" venv="$VENVS/$1" python deps
     local stamp="$venv/.safetorch-compat-installed"
     mkdir -p "$VENVS"
     if [ -f "$stamp" ] && [ "$stamp" -nt "$ROOT/pyproject.toml" ] && [ -x "$venv/bin/python" ]; then
-        log "torch $v: cached venv $venv"
+        log "$row: cached venv $venv"
         return 0
     fi
     rm -f "$venv/install.err"
-    log "torch $v: creating $venv (this can download several GB)"
+    if ! python="$(find_python "$pyv")"; then
+        mkdir -p "$venv"
+        echo "no Python $pyv interpreter found (python$pyv on PATH or ~/.pyenv/versions/$pyv.*)" >"$venv/install.err"
+        log "$row: $(cat "$venv/install.err")"
+        return 1
+    fi
+    log "$row: creating $venv with $python (this can download several GB)"
     if [ ! -x "$venv/bin/python" ]; then
-        if ! "$PYTHON" -m venv "$venv" >"$VENVS/$v.venv.log" 2>&1; then
+        if ! "$python" -m venv "$venv" >"$VENVS/$row.venv.log" 2>&1; then
             mkdir -p "$venv"
-            { echo "venv creation with $PYTHON failed:"; tail -n 3 "$VENVS/$v.venv.log"; } >"$venv/install.err"
-            log "torch $v: $(cat "$venv/install.err")"
+            { echo "venv creation with $python failed:"; tail -n 3 "$VENVS/$row.venv.log"; } >"$venv/install.err"
+            log "$row: $(cat "$venv/install.err")"
             return 1
         fi
     fi
+    mapfile -t deps < <(test_deps "$kind")
+    [ "$kind" = min ] || deps+=("$(numpy_spec "$v")")
     local pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-    if ! "${pip[@]}" install --progress-bar off "torch==$v" "$(numpy_spec "$v")" "${TEST_DEPS[@]}" \
-        >"$venv/install.log" 2>&1; then
+    # torch is pinned in the same pip command, so the resolver can never swap in another torch.
+    if ! "${pip[@]}" install --progress-bar off "torch==$v" "${deps[@]}" >"$venv/install.log" 2>&1; then
         # pip's own explanation: from its first error line on (the conflict, the missing wheel)
         grep -v "^WARNING: Location" "$venv/install.log" | sed -n '/^ERROR\|^error/,$p' | head -n 20 \
             >"$venv/install.err"
         [ -s "$venv/install.err" ] || tail -n 8 "$venv/install.log" >"$venv/install.err"
-        log "torch $v: pip install failed: $(head -n 2 "$venv/install.err")"
+        log "$row: pip install failed: $(head -n 2 "$venv/install.err")"
         return 1
     fi
     # safetorch itself: editable, without dependencies (its torch>=1.13 must not trigger pip).
     if ! "${pip[@]}" install --no-deps -e "$ROOT" >>"$venv/install.log" 2>&1; then
         tail -n 5 "$venv/install.log" >"$venv/install.err"
-        log "torch $v: installing safetorch failed"
+        log "$row: installing safetorch failed"
         return 1
     fi
     local got
@@ -94,45 +151,56 @@ setup() {
         echo "venv has torch '$got', expected $v (import failed or pip swapped torch; see $venv/install.log)" \
             >"$venv/install.err"
         tail -n 3 "$venv/install.log" >>"$venv/install.err"
-        log "torch $v: $(head -n 1 "$venv/install.err")"
+        log "$row: $(head -n 1 "$venv/install.err")"
         return 1
     fi
     "${pip[@]}" freeze >"$venv/freeze.txt" 2>/dev/null
     touch "$stamp"
-    log "torch $v: installed torch $got ($(du -sh "$venv" 2>/dev/null | cut -f1))"
+    log "$row: installed torch $got ($(du -sh "$venv" 2>/dev/null | cut -f1))"
 }
 
-# run VERSION -> pytest exit status; leaves junit.xml and pytest.log in the venv.
+# run_suite ROW I -> pytest exit status; leaves junit-I.xml and pytest-I.log in the venv.
 run_suite() {
-    local v="$1" venv="$VENVS/$1" rc
-    log "torch $v: running the suite (timeout ${TIMEOUT}s)"
+    local row="$1" i="$2" venv="$VENVS/$1" rc
+    log "$row: run $i/$RUNS of the suite (timeout ${TIMEOUT}s)"
+    rm -f "$venv/junit-$i.xml"
     # shellcheck disable=SC2086
     timeout "$TIMEOUT" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests \
-        --junitxml="$venv/junit.xml" -o junit_family=xunit1 ${COMPAT_PYTEST_ARGS:-} \
-        >"$venv/pytest.log" 2>&1
+        --junitxml="$venv/junit-$i.xml" -o junit_family=xunit1 ${COMPAT_PYTEST_ARGS:-} \
+        >"$venv/pytest-$i.log" 2>&1
     rc=$?
-    tail -n 1 "$venv/pytest.log"
+    log "$row: run $i: $(tail -n 1 "$venv/pytest-$i.log")"
     return $rc
 }
 
 status=0
-for v in "${versions[@]}"; do
-    venv="$VENVS/$v"
-    if ! setup "$v"; then
+for spec in "${rows[@]}"; do
+    IFS=: read -r a b c <<<"$spec"
+    if [ -z "$b" ]; then pyv="$DEFAULT_PYTHON" v="$a" kind=newest; else pyv="$a" v="$b" kind="${c:-newest}"; fi
+    case "$kind" in newest | min) ;; *) echo "compat.sh: row '$spec': expected PYTHON:TORCH[:min]" >&2; exit 2 ;; esac
+    row="py$pyv-$v"
+    [ "$kind" = min ] && row="$row-min"
+    venv="$VENVS/$row"
+    meta=("$row" --venv "$venv" --python "$pyv" --torch "$v" --deps "$kind")
+    if ! setup "$row" "$pyv" "$v" "$kind"; then
         status=1
-        "$PYTHON" tools/compat_report.py record "$v" --venv "$venv" --install-failed || status=1
+        "$HOST_PY" tools/compat_report.py record "${meta[@]}" --install-failed || status=1
         continue
     fi
     [ "$setup_only" -eq 1 ] && continue
-    commit="$("$PYTHON" tools/compat_report.py commit)"  # what the suite is about to test
-    run_suite "$v"
-    rc=$?
-    [ "$rc" -ne 0 ] && status=1
-    "$venv/bin/python" tools/compat_report.py record "$v" --venv "$venv" --pytest-rc "$rc" --commit "$commit" || status=1
+    commit="$("$HOST_PY" tools/compat_report.py commit)"  # what the suite is about to test
+    rcs=()
+    for i in $(seq 1 "$RUNS"); do
+        run_suite "$row" "$i"
+        rcs+=("$?")
+    done
+    "$venv/bin/python" tools/compat_report.py record "${meta[@]}" --commit "$commit" \
+        --pytest-rcs "$(IFS=,; echo "${rcs[*]}")"
+    [ $? -ne 0 ] && status=1
 done
 
 if [ "$setup_only" -eq 0 ]; then
-    "$PYTHON" tools/compat_report.py render || status=1
+    "$HOST_PY" tools/compat_report.py render || status=1
     log "results: benchmarks/COMPAT.md"
 fi
 exit $status

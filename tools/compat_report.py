@@ -1,10 +1,12 @@
-"""Record and render the torch compatibility matrix (used by tools/compat.sh).
+"""Record and render the compatibility matrix (used by tools/compat.sh).
 
-``record VERSION --venv DIR [--pytest-rc N | --install-failed]`` runs in the version's venv (or
-in any Python for ``--install-failed``) and writes ``benchmarks/compat/VERSION.json`` from the
-venv's JUnit XML, pytest log and install logs, plus the detected ``safetorch._compat`` flags.
+``record ROW --venv DIR --python X.Y --torch V [--pytest-rcs 0,0 | --install-failed]`` runs in
+the row's venv (or in any Python for ``--install-failed``) and writes
+``benchmarks/compat/ROW.json`` from the venv's JUnit XMLs (one per run of the suite), pytest logs
+and install logs, plus the detected ``safetorch._compat`` flags. A test whose outcome differs
+between the runs is flaky and makes the row red; ``record`` exits 1 unless the row is green.
 ``render`` regenerates ``benchmarks/COMPAT.md`` from every recorded JSON; text below the notes
-marker of an existing COMPAT.md is kept.
+marker of an existing COMPAT.md is kept. Must run on Python 3.9 (the venvs' interpreters).
 """
 
 from __future__ import annotations
@@ -96,9 +98,10 @@ def _where(text: str) -> str:
 
 def _parse_junit(path: Path) -> Dict[str, Any]:
     root = ET.parse(path).getroot()
-    counts = Counter()
+    counts: Counter = Counter()
     failures: List[Dict[str, str]] = []
     skips: Counter = Counter()
+    outcomes: Dict[str, str] = {}
     for case in root.iter("testcase"):
         cid = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
         counts["total"] += 1
@@ -106,6 +109,7 @@ def _parse_junit(path: Path) -> Dict[str, Any]:
             el = case.find(kind)
             if el is not None:
                 counts["failed" if kind == "failure" else "errors"] += 1
+                outcomes[cid] = "failed" if kind == "failure" else "error"
                 text = el.text or ""
                 failures.append(
                     {
@@ -120,23 +124,42 @@ def _parse_junit(path: Path) -> Dict[str, Any]:
             sk = case.find("skipped")
             if sk is not None:
                 counts["skipped"] += 1
+                outcomes[cid] = "skipped"
                 skips[_first_line(sk.get("message") or sk.text or "", 200)] += 1
             else:
                 counts["passed"] += 1
+                outcomes.setdefault(cid, "passed")  # a teardown error keeps the "error"
     return {
         "counts": {k: counts.get(k, 0) for k in ("passed", "failed", "errors", "skipped", "total")},
         "failures": failures,
         "skips": [{"reason": r, "count": n} for r, n in skips.most_common()],
+        "outcomes": outcomes,
     }
+
+
+def _flaky(outcomes: List[Dict[str, str]]) -> List[Dict[str, Any]]:
+    """Tests whose outcome differs between runs (missing from a run counts as "absent")."""
+    if len(outcomes) < 2:
+        return []
+    tests = sorted(set().union(*outcomes))
+    out = []
+    for t in tests:
+        seen = [o.get(t, "absent") for o in outcomes]
+        if len(set(seen)) > 1:
+            out.append({"test": t, "outcomes": seen})
+    return out
 
 
 def record(args: argparse.Namespace) -> int:
     venv = Path(args.venv)
     data: Dict[str, Any] = {
-        "version": args.version,
+        "row": args.row,
+        "version": args.torch,
+        "python_requested": args.python,
+        "deps": args.deps,
         "date": datetime.date.today().isoformat(),
         "commit": args.commit or _commit(),
-        "python": platform.python_version(),
+        "python": platform.python_version() if not args.install_failed else args.python,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "note": os.environ.get("COMPAT_NOTE", "").strip(),
     }
@@ -149,34 +172,90 @@ def record(args: argparse.Namespace) -> int:
 
         data["torch"] = torch.__version__
         data["cuda_available"] = bool(torch.cuda.is_available())
-        data["python"] = platform.python_version()
         try:
             data["flags"] = _flags()
         except Exception as exc:  # recorded, never hidden
             data["flags_error"] = f"{type(exc).__name__}: {exc}"
-        log = venv / "pytest.log"
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        data["pytest_summary"] = tail[0] if tail else ""
-        data["pytest_rc"] = args.pytest_rc
-        junit = venv / "junit.xml"
-        if junit.exists() and args.pytest_rc != 124:
-            data.update(_parse_junit(junit))
-        if args.pytest_rc == 124:
+        freeze = venv / "freeze.txt"
+        if freeze.exists():
+            wanted = {"pytest", "hypothesis", "numpy", "safetensors", "wrapt", "packaging"}
+            data["packages"] = {
+                name: ver
+                for name, _, ver in (ln.partition("==") for ln in freeze.read_text().split())
+                if name.lower() in wanted
+            }
+        rcs = [int(x) for x in args.pytest_rcs.split(",") if x != ""]
+        runs: List[Dict[str, Any]] = []
+        for i, rc in enumerate(rcs, start=1):
+            log = venv / f"pytest-{i}.log"
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            run: Dict[str, Any] = {"rc": rc, "summary": tail[0] if tail else ""}
+            junit = venv / f"junit-{i}.xml"
+            if junit.exists() and rc != 124:
+                run.update(_parse_junit(junit))
+            runs.append(run)
+        flaky = _flaky([r["outcomes"] for r in runs if "outcomes" in r])
+        data["runs"] = len(runs)
+        data["run_counts"] = [r.get("counts", {}) for r in runs]
+        data["run_summaries"] = [r["summary"] for r in runs]
+        data["pytest_rcs"] = rcs
+        data["flaky"] = flaky
+        # failures and skips: the union over the runs, each failure once per test
+        seen, failures = set(), []
+        for r in runs:
+            for f in r.get("failures", []):
+                if f["test"] not in seen:
+                    seen.add(f["test"])
+                    failures.append(f)
+        data["failures"] = failures
+        data["skips"] = runs[0].get("skips", []) if runs else []
+        data["counts"] = runs[-1].get("counts", {}) if runs else {}
+        if any(rc == 124 for rc in rcs):
             data["status"] = "timed out"
-        elif args.pytest_rc == 0:
+        elif flaky:
+            data["status"] = "red (flaky)"
+        elif rcs and all(rc == 0 for rc in rcs):
             data["status"] = "green"
         else:
             data["status"] = "red"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{args.version}.json"
+    out = RESULTS / f"{args.row}.json"
     out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"recorded {out.relative_to(ROOT)}: {data['status']}")
-    return 0
+    for f in data.get("flaky", []):
+        print(f"  flaky: {f['test']}: {' / '.join(f['outcomes'])}")
+    return 0 if data["status"] == "green" else 1
+
+
+def _row_id(r: Dict[str, Any]) -> str:
+    """The row's name; records from before rows had a Python get it from the Python they ran."""
+    if r.get("row"):
+        return str(r["row"])
+    return f"py{'.'.join(str(r.get('python', '?')).split('.')[:2])}-{r['version']}"
+
+
+def _py_minor(r: Dict[str, Any]) -> str:
+    return r.get("python_requested") or ".".join(str(r.get("python", "?")).split(".")[:2])
+
+
+def _label(r: Dict[str, Any]) -> str:
+    floors = " floors" if r.get("deps") == "min" else ""
+    return f"{r['version']}/py{_py_minor(r)}{floors}"
 
 
 def _load_all() -> List[Dict[str, Any]]:
     rows = [json.loads(p.read_text()) for p in RESULTS.glob("*.json")]
-    return sorted(rows, key=lambda r: _version_key(r["version"]))
+    return sorted(
+        rows,
+        key=lambda r: (_version_key(_py_minor(r)), _version_key(r["version"]), r.get("deps", "")),
+    )
+
+
+def _cell(values: List[Any]) -> str:
+    """One number when every run agrees, else each run's, e.g. 664/665."""
+    if not values:
+        return "-"
+    return str(values[0]) if len(set(values)) == 1 else "/".join(str(v) for v in values)
 
 
 def render(args: argparse.Namespace) -> int:
@@ -189,38 +268,61 @@ def render(args: argparse.Namespace) -> int:
     out: List[str] = [
         "# Compatibility matrix",
         "",
-        "Generated by `make test-compat` (`bash tools/compat.sh [VERSION ...]`, which writes",
-        "`benchmarks/compat/<version>.json` and renders this file). Each torch runs the whole",
-        "suite (`python -m pytest -q -p no:cacheprovider tests`) in its own venv",
-        "`.venv-compat/<version>`; a row keeps the date and commit of its last run.",
+        "Generated by `make test-compat` (`bash tools/compat.sh [ROW ...]`, which writes",
+        "`benchmarks/compat/<row>.json` and renders this file). Each row (a Python and a torch)",
+        "runs the whole suite (`python -m pytest -q -p no:cacheprovider tests`) in its own venv",
+        "`.venv-compat/<row>`, `runs` times in a row (2 by default); a test whose outcome differs",
+        "between the runs is flaky and makes the row red. Passed/failed/... show each run's count",
+        "where the runs differ. `deps`: `newest` installs the newest test dependencies pip finds,",
+        "`floors` every dependency at the floor pyproject.toml declares. A row keeps the date and",
+        "commit of its last run.",
         "",
     ]
     notes_by_text: Dict[str, List[str]] = {}
     for r in rows:
         if r.get("note"):
-            notes_by_text.setdefault(r["note"], []).append(r["version"])
-    for text, versions in notes_by_text.items():
-        out += [f"> **{text}** (torch {', '.join(versions)})", ""]
+            notes_by_text.setdefault(r["note"], []).append(_label(r))
+    for text, labels in notes_by_text.items():
+        out += [f"> **{text}** ({', '.join(labels)})", ""]
     out += [
-        "| torch | installed build | Python | date | commit | passed | failed | errors | skipped | result |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---|",
+        "| Python | torch | deps | installed build | date | commit | runs | passed | failed"
+        " | errors | skipped | flaky | result |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        c = r.get("counts", {})
+        runs = r.get("run_counts") or ([r["counts"]] if r.get("counts") else [])
+        checked = "runs" in r
         out.append(
-            "| {v} | {t} | {py} | {d} | {cm} | {p} | {f} | {e} | {s} | {st} |".format(
-                v=r["version"],
-                t=r.get("torch", "-"),
+            "| {py} | {v} | {deps} | {t} | {d} | {cm} | {n} | {p} | {f} | {e} | {s} | {fl} | {st} |".format(
                 py=r.get("python", "-"),
+                v=r["version"],
+                deps="floors" if r.get("deps") == "min" else "newest",
+                t=r.get("torch", "-"),
                 d=r["date"],
                 cm=f"`{r.get('commit', '?')}`",
-                p=c.get("passed", "-"),
-                f=c.get("failed", "-"),
-                e=c.get("errors", "-"),
-                s=c.get("skipped", "-"),
+                n=r.get("runs", 1 if runs else 0),
+                p=_cell([c.get("passed") for c in runs]),
+                f=_cell([c.get("failed") for c in runs]),
+                e=_cell([c.get("errors") for c in runs]),
+                s=_cell([c.get("skipped") for c in runs]),
+                fl=len(r.get("flaky", [])) if checked and r.get("runs", 0) > 1 else "not checked",
                 st=r["status"],
             )
         )
+    legacy = [_label(r) for r in rows if "runs" not in r and r.get("counts")]
+    if legacy:
+        out += [
+            "",
+            "Rows recorded before repeated runs (one run each, flakiness not checked): "
+            + ", ".join(legacy)
+            + ".",
+        ]
+    pinned = [r for r in rows if r.get("deps") == "min" and r.get("packages")]
+    for r in pinned:
+        pk = ", ".join(
+            f"{k} {v}" for k, v in sorted(r["packages"].items(), key=lambda kv: kv[0].lower())
+        )
+        out += ["", f"Floors row {_label(r)}: {pk}."]
     machines = sorted({r["machine"] for r in rows if r.get("machine")})
     if machines:
         gpu = {r.get("cuda_available") for r in rows if "cuda_available" in r}
@@ -232,12 +334,12 @@ def render(args: argparse.Namespace) -> int:
         since = {f["name"]: f["since"] for r in flagged for f in r["flags"]}
         out += [
             "",
-            "## `safetorch._compat` flags detected per version",
+            "## `safetorch._compat` flags detected per row",
             "",
             "`yes`/`no` is the detected value; `!` marks a value that disagrees with the release",
             "named in the flag's comment (checked by `tests/compat/test_compat_flags.py`).",
             "",
-            "| flag | since | " + " | ".join(r["version"] for r in flagged) + " |",
+            "| flag | since | " + " | ".join(_label(r) for r in flagged) + " |",
             "|---|---|" + "---|" * len(flagged),
         ]
         for name in names:
@@ -254,15 +356,15 @@ def render(args: argparse.Namespace) -> int:
             out.append(f"| `{name}` | {since.get(name, '?')} | " + " | ".join(cells) + " |")
     for r in rows:
         if r.get("install_error"):
-            out += ["", f"## torch {r['version']}: not installable", "", "```"]
+            out += ["", f"## {_label(r)}: not installable", "", "```"]
             out += [r["install_error"], "```"]
         if r.get("flags_error"):
-            out += ["", f"torch {r['version']}: flags could not be read: `{r['flags_error']}`"]
+            out += ["", f"{_label(r)}: flags could not be read: `{r['flags_error']}`"]
     failing = [r for r in rows if r.get("failures")]
     if failing:
         out += ["", "## Failures", ""]
         for r in failing:
-            out += [f"### torch {r['version']} ({len(r['failures'])})", ""]
+            out += [f"### {_label(r)} ({len(r['failures'])})", ""]
             # one bullet per (test function, location, message); parametrizations grouped
             groups: Dict[tuple, List[str]] = {}
             for f in r["failures"]:
@@ -279,17 +381,23 @@ def render(args: argparse.Namespace) -> int:
                     shown = f" [{len(ids)}: {', '.join(ids[:4])}{more}]"
                 out.append(f"- `{base}`{shown} ({kind}){where}: {msg}")
             out.append("")
+    flaky_rows = [r for r in rows if r.get("flaky")]
+    if flaky_rows:
+        out += ["", "## Flaky tests (outcome per run)", ""]
+        for r in flaky_rows:
+            out += [f"- {_label(r)}:"]
+            out += [f"  - `{f['test']}`: {' / '.join(f['outcomes'])}" for f in r["flaky"]]
     skipping = [r for r in rows if r.get("skips")]
     if skipping:
         out += ["", "## Skips (reason: count)", ""]
         for r in skipping:
-            out += [f"- torch {r['version']}:"]
+            out += [f"- {_label(r)}:"]
             out += [f"  - {s['reason']}: {s['count']}" for s in r["skips"]]
     for r in rows:
         if r.get("status") == "timed out":
             out += [
                 "",
-                f"torch {r['version']}: the suite timed out ({r.get('pytest_summary', '')})",
+                f"{_label(r)}: a run of the suite timed out ({r.get('run_summaries', '')})",
             ]
     out += ["", NOTES_MARKER, ""]
     if notes:
@@ -302,9 +410,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record")
-    rec.add_argument("version")
+    rec.add_argument("row", help="row name, e.g. py3.9-1.13.1 (the JSON file's name)")
     rec.add_argument("--venv", required=True)
-    rec.add_argument("--pytest-rc", type=int, default=None)
+    rec.add_argument("--python", required=True, help="Python X.Y the row asks for")
+    rec.add_argument("--torch", required=True, help="torch release the row asks for")
+    rec.add_argument("--deps", choices=["newest", "min"], default="newest")
+    rec.add_argument("--pytest-rcs", default="", help="exit status of each run, e.g. 0,0")
     rec.add_argument("--install-failed", action="store_true")
     rec.add_argument("--commit", help="commit tested (default: HEAD now, + dirty mark)")
     rec.set_defaults(func=record)

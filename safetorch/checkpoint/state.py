@@ -301,6 +301,12 @@ def load_state(path: Any, /, **objects: Any) -> Dict[str, Any]:
     Raises:
         CheckpointError: the file is not a ``save_state`` checkpoint, or an object name is not
             in it (the error lists the names it holds).
+
+    >>> import os, tempfile, torch, safetorch as st
+    >>> path = os.path.join(tempfile.mkdtemp(), "state.pt")
+    >>> _ = st.save_state(path, model=torch.nn.Linear(2, 2), epoch=7, best=0.25)
+    >>> st.load_state(path, model=torch.nn.Linear(2, 2))
+    {'epoch': 7, 'best': 0.25}
     """
     _check_names(objects)
     p = os.fsdecode(os.fspath(path))

@@ -129,6 +129,13 @@ class PointwiseConv1d(torch.nn.Conv1d):
     ``.contiguous()`` before ``.view()`` on its output, and chain pointwise layers freely (the
     next one reads it without a copy).
 
+    Float32 on CUDA: the two paths follow torch's two precision settings. By default cuDNN
+    convolutions may use TF32 on Ampere and later GPUs
+    (``torch.backends.cudnn.conv.fp32_precision``, formerly ``cudnn.allow_tf32``) while
+    matmuls stay in full float32 (``torch.backends.cuda.matmul.fp32_precision``), so conv
+    and linear then agree only to TF32 rounding (about 1e-3 relative), and ``"auto"`` compares
+    their speeds at those precisions. Set both to the same precision for matching numbers.
+
     Args:
         in_channels: Input channels ``C_in``.
         out_channels: Output channels ``C_out``.

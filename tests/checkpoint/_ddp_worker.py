@@ -1,11 +1,19 @@
 """Run by test_save.py: DDP over gloo, world size 2; rank 0 saves, every rank loads.
 
 Usage: python _ddp_worker.py DIR. Each rank writes DIR/rank<r>.json with what it observed.
+
+Shutdown order matters: every DDP model is gone before ``destroy_process_group()``. A model
+that outlives it makes its C++ Reducer drop the last reference to the gloo process group, and
+``~ProcessGroupGloo`` then joins gloo's worker threads with the GIL held; a worker that is just
+freeing a finished collective's tensors needs the GIL, and the rank hangs (torch 1.13.1, about 1
+run in 8; see safetorch/_dist.py). Destroyed from Python, the process group releases the GIL first.
 """
 
+import gc
 import json
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -55,20 +63,29 @@ def run(rank: int, directory: str) -> None:
         "improved": improved,
         "best_epoch": saver.best_epoch,
     }
+    # Ordered shutdown: every rank is done with collectives, then the DDP model (and its
+    # Reducer) goes, then the process group.
+    dist.barrier()
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    result["ddp_released_before_destroy"] = gone() is None
+    dist.destroy_process_group()
     with open(os.path.join(directory, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    ctx = mp.start_processes(run, args=(sys.argv[1],), nprocs=2, join=False, start_method="fork")
-    deadline = 40.0
     import time
 
-    start = time.monotonic()
+    ctx = mp.start_processes(run, args=(sys.argv[1],), nprocs=2, join=False, start_method="fork")
+    deadline = time.monotonic() + 40.0
     while not ctx.join(timeout=1.0):
-        if time.monotonic() - start > deadline:
+        if time.monotonic() > deadline:
+            alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+            reported = [
+                r for r in (0, 1) if os.path.exists(os.path.join(sys.argv[1], f"rank{r}.json"))
+            ]
             for p in ctx.processes:
                 p.kill()
-            sys.exit("timed out")
+            sys.exit(f"timed out: ranks {alive} still running, ranks {reported} had reported")

@@ -129,7 +129,7 @@ def test_nan_never_becomes_best(tmp_path):
 
 
 _DDP_WORLD_SIZE_1 = """
-import sys, torch, torch.distributed as dist
+import gc, sys, torch, torch.distributed as dist
 import safetorch as st
 tmp = sys.argv[1]
 dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
@@ -143,6 +143,9 @@ try:
     # and back: a plain checkpoint into the DDP model
     assert st.load_state_dict(ddp, torch.nn.Linear(3, 3).state_dict()).ok
 finally:
+    # the DDP model (its Reducer) goes before the process group: see _ddp_worker.py
+    ddp = None
+    gc.collect()
     dist.destroy_process_group()
 print("ok")
 """
@@ -179,3 +182,4 @@ def test_ddp_world_size_2_rank0_writes_everyone_loads(tmp_path):
         assert r["complete"] and r["ok"] and r["same"], r
         assert r["rule"] == "dropped wrapper segment(s) 'module.' from checkpoint keys"
         assert r["improved"] == [True, True, False] and r["best_epoch"] == 1
+        assert r["ddp_released_before_destroy"], r  # the shutdown order that cannot deadlock

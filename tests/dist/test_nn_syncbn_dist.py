@@ -6,6 +6,7 @@ in the worker and surfaces here with its traceback. The join is bounded in time.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import List
 
@@ -166,7 +167,13 @@ def _worker(rank: int, init_method: str) -> None:
         _check_conversion(rank)
         _check_too_few_values(rank)
         _check_ddp_step(rank)
+        dist.barrier()
     finally:
+        # Every DDP model (its C++ Reducer) must be gone before the process group: a Reducer
+        # that drops the last reference joins gloo's worker threads with the GIL held, and
+        # hangs on torch 1.13 (see safetorch/_dist.py). _check_ddp_step's model is a local;
+        # collect any cycle that still holds one.
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import namedtuple
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import safetorch as st
 from safetorch._nest import map_tensors
-from safetorch.nn import parallel
+from safetorch.nn import parallel, pointwise
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -129,15 +130,51 @@ def test_balanced_multi_gpu_chunks(gpu0: int) -> None:
 
 
 # --- PointwiseConv1d -----------------------------------------------------------------------
+@contextlib.contextmanager
+def ieee_float32() -> Iterator[None]:
+    """Full float32 precision for cuDNN convolutions and cuBLAS matmuls inside the block.
+
+    torch's defaults let cuDNN convolutions use TF32 on Ampere and later GPUs (10-bit
+    mantissa: ~1e-3 relative error on a 64-term dot product) but keep matmuls in full
+    float32, so ``nn.Conv1d`` and the ``F.linear`` path differ by TF32 rounding, not by a
+    bug. With both in IEEE float32 they agree to float32 rounding of the summation order.
+    """
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        # torch 2.9+: the per-op fp32_precision API. Setting the legacy allow_tf32 flags
+        # there warns, and mixing both APIs makes legacy reads raise.
+        matmul = torch.backends.cuda.matmul
+        old = (conv.fp32_precision, matmul.fp32_precision)
+        conv.fp32_precision = matmul.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            conv.fp32_precision, matmul.fp32_precision = old
+    else:
+        old_flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old_flags
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("impl", ["conv", "linear", "auto"])
 def test_pointwise_matches_conv_on_cuda(dtype: torch.dtype, impl: str) -> None:
     conv = torch.nn.Conv1d(64, 32, kernel_size=1).cuda().to(dtype)
     pw = st.PointwiseConv1d(64, 32, impl=impl).cuda().to(dtype)
     pw.load_state_dict(conv.state_dict())
-    x = torch.randn(8, 64, 100, device="cuda", dtype=dtype)
+    # The second shape is above pointwise._TINY_MACS, so "auto" really measures on CUDA
+    # (below it, "auto" uses conv without measuring, as documented).
+    shapes = [(8, 64, 100), (8, 64, 4096)]
+    assert 8 * 64 * 4096 * 32 >= pointwise._TINY_MACS > 8 * 64 * 100 * 32
+    # float32 in IEEE precision on both sides (see ieee_float32); half types: their rounding.
     tol = dict(rtol=1e-2, atol=1e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-4)
-    with torch.no_grad():
-        torch.testing.assert_close(pw(x), conv(x), **tol)
-    if impl == "auto":
-        assert any(k[0].type == "cuda" for k in st.PointwiseConv1d.autotune_cache())
+    with torch.no_grad(), ieee_float32():
+        for shape in shapes:
+            x = torch.randn(*shape, device="cuda", dtype=dtype)
+            torch.testing.assert_close(pw(x), conv(x), **tol)
+        if impl == "auto":
+            key = pointwise._key(x, pw.weight, pw.bias)
+            assert st.PointwiseConv1d.autotune_cache().get(key) in ("conv", "linear")

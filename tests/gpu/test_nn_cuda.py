@@ -67,11 +67,19 @@ def one_rank_nccl(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_sync_function_on_cuda_matches_batch_norm(one_rank_nccl, dtype):
-    """The all_reduce path (forced with one rank) equals F.batch_norm in training on CUDA."""
+    """The all_reduce path (forced with one rank) equals F.batch_norm in training on CUDA.
+
+    Parameters and running statistics are float32 for float32, float16 and bfloat16 input
+    (mixed precision: what torch's BatchNorm under autocast or a half model with float32
+    norm layers holds, and what F.batch_norm accepts) and float64 for float64 input (a
+    ``.double()`` model): cuDNN rejects float64 input with float32 parameters.
+    """
     x = (torch.randn(6, 4, 5, 5, device="cuda") * 2 + 3).to(dtype)
-    weight = torch.rand(4, device="cuda", requires_grad=True)
-    bias = torch.rand(4, device="cuda", requires_grad=True)
-    rm, rv = torch.zeros(4, device="cuda"), torch.ones(4, device="cuda")
+    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
+    weight = torch.rand(4, device="cuda", dtype=pdtype, requires_grad=True)
+    bias = torch.rand(4, device="cuda", dtype=pdtype, requires_grad=True)
+    rm = torch.zeros(4, device="cuda", dtype=pdtype)
+    rv = torch.ones(4, device="cuda", dtype=pdtype)
     rm2, rv2 = rm.clone(), rv.clone()
     a = x.clone().requires_grad_(True)
     b = x.clone().requires_grad_(True)

@@ -234,6 +234,52 @@ def test_portable_syncbn_without_process_group_equals_batchnorm(momentum, dtype)
     torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "pdtype"),
+    [
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+        (torch.bfloat16, torch.float32),  # mixed precision: float32 parameters and statistics
+    ],
+)
+def test_sync_function_matches_batch_norm_per_dtype(tmp_path, restore_excepthook, dtype, pdtype):
+    """CPU twin of tests/gpu's check: the all_reduce path (one gloo rank) equals F.batch_norm.
+
+    Parameters and running statistics have the input's dtype, or float32 for a half input, as
+    in torch's own BatchNorm; outputs and gradients come back in their own dtypes.
+    """
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        x = (torch.randn(6, 4, 5, 5) * 2 + 3).to(dtype)
+        weight = torch.rand(4, dtype=pdtype, requires_grad=True)
+        bias = torch.rand(4, dtype=pdtype, requires_grad=True)
+        rm, rv = torch.zeros(4, dtype=pdtype), torch.ones(4, dtype=pdtype)
+        rm2, rv2 = rm.clone(), rv.clone()
+        w2 = weight.detach().clone().requires_grad_(True)
+        b2 = bias.detach().clone().requires_grad_(True)
+        a = x.clone().requires_grad_(True)
+        b = x.clone().requires_grad_(True)
+        group = dist.group.WORLD
+        ours = syncbn._SyncBatchNormFunction.apply(a, weight, bias, rm, rv, 1e-5, 0.1, group)
+        theirs = torch.nn.functional.batch_norm(b, rm2, rv2, w2, b2, True, 0.1, 1e-5)
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        assert ours.dtype == theirs.dtype == dtype
+        torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol)
+        g = torch.randn_like(ours)
+        ours.backward(g)
+        theirs.backward(g)
+        assert weight.grad is not None and bias.grad is not None
+        assert weight.grad.dtype == bias.grad.dtype == pdtype
+        torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
+        torch.testing.assert_close(weight.grad, w2.grad, rtol=tol * 10, atol=tol * 10)
+        torch.testing.assert_close(bias.grad, b2.grad, rtol=tol * 10, atol=tol * 10)
+        torch.testing.assert_close(rm, rm2, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(rv, rv2, rtol=1e-4, atol=1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_portable_syncbn_state_dict_interchangeable_with_torch_classes():
     ours = st.SyncBatchNorm(3)
     ours.load_state_dict(nn.SyncBatchNorm(3).state_dict())

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 import safetorch as st
@@ -209,12 +209,30 @@ def test_getitem_modes_equal_numpy_take_along_dim0(case: Any, mode: str) -> None
     np.testing.assert_array_equal(got.numpy(), ref)
 
 
+@st_.composite
+def gather_mode_case(draw: Any) -> Any:
+    """A valid gather: x non-empty with 1-3 dims; index no larger than x outside ``dim``.
+
+    Generated directly (no ``assume``): filtering gather_case() rejected most draws, which
+    hypothesis reports as a failed health check ("filtering out a lot of inputs").
+    """
+    shape = draw(st_.lists(st_.integers(1, 4), min_size=1, max_size=3))
+    nd = len(shape)
+    dim = draw(st_.integers(-nd, nd - 1))
+    idx_shape = [
+        draw(st_.integers(0, 5)) if d == dim % nd else draw(st_.integers(0, s))
+        for d, s in enumerate(shape)
+    ]
+    n = int(np.prod(idx_shape))
+    vals = draw(st_.lists(st_.integers(-8, 8), min_size=n, max_size=n))
+    x = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
+    return x, dim, torch.tensor(vals, dtype=torch.int64).reshape(idx_shape)
+
+
 @settings(max_examples=N)
-@given(gather_case(), st_.sampled_from(["clip", "wrap", "fill"]))
+@given(gather_mode_case(), st_.sampled_from(["clip", "wrap", "fill"]))
 def test_gather_modes_equal_numpy_take_along_axis(case: Any, mode: str) -> None:
     x, dim, index = case
-    assume(x.dim() > 0 and -x.dim() <= dim < x.dim() and 0 not in x.shape)
-    assume(all(i <= s for d, (i, s) in enumerate(zip(index.shape, x.shape)) if d != dim % x.dim()))
     n = x.shape[dim]
     idx = index.numpy()
     if mode == "wrap":

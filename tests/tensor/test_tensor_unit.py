@@ -7,7 +7,7 @@ import dataclasses
 import os
 import subprocess
 import sys
-from typing import Any, NamedTuple
+from typing import Any, List, NamedTuple
 
 import pytest
 import torch
@@ -193,6 +193,76 @@ def test_clear_deferred_forgets() -> None:
     st.checked_index(torch.arange(3), torch.tensor([5]), mode="deferred")
     st.clear_deferred()
     st.raise_deferred()
+
+
+def test_deferred_keeps_the_first_violation_across_sites_and_dtypes(monkeypatch: Any) -> None:
+    # The per-(device, dim, size, site) records are cached device constants: a tiny cache
+    # bound forces rebuilding them, which must not change what is recorded.
+    monkeypatch.setattr(st_tensor, "_MAX_CACHED_ENTRIES", 1)
+    st.clear_deferred()
+    x = torch.arange(12.0).reshape(3, 4)
+    st.checked_index(x, (torch.tensor([0, 2]), torch.tensor([1, 3])), mode="deferred")
+    rows = torch.tensor([[1, 0], [2, -1]], dtype=torch.int32)
+    cols = torch.tensor([2, 4], dtype=torch.int32)  # the first violation: 4 in dimension 1
+    out = st.checked_index(x, (rows, cols), mode="deferred")
+    line = sys._getframe().f_lineno - 1
+    assert torch.equal(out, x[rows, torch.tensor([2, 0])])  # out of range read as index 0
+    st.gather(x, 1, torch.tensor([[9]]), mode="deferred")  # later, other site and size
+    st.index_select(x, 0, torch.tensor([-3]), mode="deferred")
+    with pytest.raises(IndexError) as info:
+        st.raise_deferred()
+    msg = str(info.value)
+    assert msg.startswith("index 4 is out of bounds for dimension 1 with size 4")
+    assert f"test_tensor_unit.py:{line}" in msg
+    st.index_select(x, 0, torch.tensor([0, 5]), mode="deferred")
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 3"):
+        st.raise_deferred()
+
+
+# Ops that synchronize a CUDA host when x is on the GPU: reading a value back
+# (_local_scalar_dense: item/tolist/bool), data-dependent shapes (nonzero), and turning host
+# data into a tensor (lift_fresh: torch.tensor / as_tensor of Python values), which becomes a
+# synchronizing copy from pageable memory onto the device.
+_SYNCING_OPS = ("_local_scalar_dense", "nonzero", "is_nonzero", "lift_fresh", "equal", "item")
+
+
+def _aten_ops(fn: Any) -> List[str]:
+    python_dispatch = pytest.importorskip("torch.utils._python_dispatch")
+
+    class Record(python_dispatch.TorchDispatchMode):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: List[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as rec:
+        fn()
+    return rec.ops
+
+
+@pytest.mark.parametrize("mode", ["clip", "wrap", "fill", "deferred"])
+def test_sync_free_modes_use_no_syncing_op(mode: str, index_check_always: None) -> None:
+    """CPU stand-in for tests/gpu's sync-debug-mode test: no op that syncs a CUDA host."""
+    st.clear_deferred()
+    x = torch.randn(3, 5)
+    idx = torch.tensor([[-9, 0], [2, 7]])
+    gidx = torch.tensor([[0, 9], [1, 2]])
+    calls = [
+        lambda: st.checked_index(x, idx, mode=mode, fill_value=0.0),
+        lambda: st.checked_index(x, (slice(None), idx), mode=mode),  # default fill: NaN
+        lambda: st.checked_index(x, (idx, idx.abs() % 5), mode=mode, fill_value=1),
+        lambda: st.index_select(x, 1, gidx[0], mode=mode, fill_value=0.0),
+        lambda: st.gather(x, 1, gidx, mode=mode, fill_value=0.0),
+    ]
+    for call in calls:
+        ops = _aten_ops(call)
+        assert ops, "nothing recorded: the check would prove nothing"
+        syncing = [op for op in ops if op.split(".")[1] in _SYNCING_OPS]
+        assert not syncing, (mode, syncing)
+    st.clear_deferred()
 
 
 # --- autograd, simulated older torch --------------------------------------------------------

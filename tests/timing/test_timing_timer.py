@@ -29,17 +29,30 @@ class FakeClock:
         return self.now
 
 
+class FakeStream:
+    """torch.cuda.Stream stand-in: only the device index matters to the timer."""
+
+    def __init__(self, device_index: int = 0) -> None:
+        self.device_index = device_index
+
+
 class FakeEvent:
     """torch.cuda.Event stand-in: a global tick counter, 2 ms per tick."""
 
     tick = 0
     log: List[str] = []
+    created = 0
 
     def __init__(self, enable_timing: bool = False) -> None:
         assert enable_timing
+        FakeEvent.created += 1
         self.at: Any = None
+        self.device_index: Any = None
 
-    def record(self) -> None:
+    def record(self, stream: Any = None) -> None:
+        if stream is not None:  # a real event records only on streams of one device
+            assert self.device_index in (None, stream.device_index), "event on two devices"
+            self.device_index = stream.device_index
         FakeEvent.tick += 1
         self.at = FakeEvent.tick
         FakeEvent.log.append("record")
@@ -63,7 +76,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[List[str]]:
     FakeEvent.tick = 0
     FakeEvent.log = []
+    FakeEvent.created = 0
     monkeypatch.setattr(timing, "_Event", FakeEvent)
+    monkeypatch.setattr(timing, "_current_stream", FakeStream)
     monkeypatch.setattr(timing, "_cuda_available", lambda: True)
     monkeypatch.setattr(timing, "_synchronize", lambda: FakeEvent.log.append("device-sync"))
     yield FakeEvent.log
@@ -152,6 +167,56 @@ def test_cuda_timer_records_on_stream_and_syncs_the_end_event(fake_cuda: List[st
         pass
     assert fake_cuda == ["record", "record", "event-sync"]
     assert t.ms == 2.0 and t.device == "cuda"
+
+
+def test_cuda_timer_reuses_its_events(fake_cuda: List[str]) -> None:
+    """Events are created once per timer, thread and device, not per measurement."""
+    t = st.cuda_timer(device="cuda")
+    for _ in range(5):
+        with t:
+            pass
+    assert FakeEvent.created == 2
+    assert t.times == [2.0] * 5
+    assert fake_cuda == ["record", "record", "event-sync"] * 5
+
+
+def test_cuda_timer_nested_uses_distinct_events(fake_cuda: List[str]) -> None:
+    t = st.cuda_timer(device="cuda")
+    with t:  # ticks 1 .. 4: outer start, inner start, inner end, outer end
+        with t:
+            pass
+    assert t.times == [2.0, 6.0]  # inner, then outer: an event shared would break this
+    with t:
+        with t:
+            pass
+    assert t.times[2:] == [2.0, 6.0] and FakeEvent.created == 3
+
+
+def test_cuda_timer_pools_events_per_device(
+    fake_cuda: List[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = st.cuda_timer(device="cuda")
+    for index in (0, 1, 0, 1):
+        monkeypatch.setattr(timing, "_current_stream", lambda i=index: FakeStream(i))
+        with t:
+            pass
+    assert FakeEvent.created == 4 and t.times == [2.0] * 4  # 2 per device, then reused
+
+
+def test_cuda_timer_threads_use_their_own_events(fake_cuda: List[str]) -> None:
+    t = st.cuda_timer(device="cuda")
+    barrier = threading.Barrier(4)
+
+    def work() -> None:
+        with t:
+            barrier.wait()  # all four open at once: each needs its own start event
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(t.times) == 4 and FakeEvent.created == 8
 
 
 def test_benchmark_cuda_synchronizes_once_after_the_timed_runs(fake_cuda: List[str]) -> None:
