@@ -108,6 +108,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`safetorch doctor | head`): end quietly, as Python's docs
+        # advise, pointing stdout at devnull so the interpreter's final flush cannot fail.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 def _main(argv: List[str]) -> int:

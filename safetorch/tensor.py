@@ -434,12 +434,13 @@ def _record(t: torch.Tensor, bad: torch.Tensor, dim: int, n: int, site: int) -> 
     No host sync: every step is a kernel on ``t``'s device, and ``_zero_bad`` reuses ``bad``.
     """
     dev = t.device
-    # A bool -> uint8 view is free (same element size); argmax has no bool kernel everywhere.
+    # A bool -> uint8 view is free (same element size); max has no bool kernel everywhere.
     bad_flat = bad.reshape(-1).view(torch.uint8)
+    # One reduction gives both: hit (1 iff any entry is bad) and pos, the first position of
+    # the maximum (torch documents first-index ties), i.e. the first bad entry (0 if none).
+    hit, pos = bad_flat.max(0)
     # index_select with a 1-element device tensor: indexing with a 0-d tensor could sync.
-    pos = bad_flat.argmax().reshape(1)  # first out-of-range position; 0 if there is none
-    hit = _index_select(bad_flat, 0, pos)  # (1,) uint8: 1 iff this call is bad
-    first = _index_select(t.reshape(-1), 0, pos).to(torch.int64)
+    first = _index_select(t.reshape(-1), 0, pos.reshape(1)).to(torch.int64)
     with _deferred.lock:
         base, value_slot = _entry_constants(dev, dim, n, site)
         entry = torch.where(value_slot, first, base)

@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, T
 import torch
 
 from safetorch import _compat
-from safetorch.checkpoint import _unpickler
+from safetorch.checkpoint import _unpickler, layouts
 from safetorch.checkpoint.io import (
     _ZIP_MAGIC,
     _torch_internals_quiet,
@@ -275,8 +275,14 @@ def convert_checkpoint(
     to: Optional[str] = None,
     key: Optional[str] = None,
     progress_stream: Optional[IO[str]] = None,
+    max_shard_size: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Rewrite a checkpoint atomically, stripping wrapper prefixes and/or as safetensors.
+    """Rewrite a checkpoint atomically: strip wrapper prefixes, change format or layout.
+
+    The source is a torch.save file, a ``.safetensors`` file, a DCP directory or a shard
+    index / library directory; the output is one torch file, one ``.safetensors`` file, a
+    directory of safetensors shards with ``model.safetensors.index.json``
+    (``max_shard_size``), or a DCP directory (``to="dcp"``).
 
     Args:
         src: input checkpoint (loaded weights-only).
@@ -284,11 +290,13 @@ def convert_checkpoint(
         strip: ``"auto"`` drops wrapper segments (``module.``, ``_orig_mod.``, ...) from every
             state dict; ``"none"`` keeps keys; any other value ending in ``.`` is also stripped
             as a leading prefix (e.g. ``"model."``).
-        to: ``"torch"`` or ``"safetensors"``; default from ``dst``'s extension.
+        to: ``"torch"``, ``"safetensors"`` or ``"dcp"``; default from ``dst``'s extension.
         key: container key of the state dict to write (only that state dict is written);
             needed for safetensors output when the container holds several.
         progress_stream: where a progress bar goes (default stderr); drawn only if it is a TTY
             and ``src`` is larger than 256 MB.
+        max_shard_size: with ``to="safetensors"``: write shards of at most this size
+            (``"5GB"``, ``"500MB"``) into the directory ``dst``, plus the index.
 
     Returns:
         A summary dict (``format``, ``tensors``, ``dropped`` non-tensor keys).
@@ -305,14 +313,16 @@ def convert_checkpoint(
     ['bias', 'weight']
     """
     stream = sys.stderr if progress_stream is None else progress_stream
-    size = os.path.getsize(src) if os.path.exists(src) else 0
+    size = _size_of(src)
     show = bool(getattr(stream, "isatty", lambda: False)()) and size > PROGRESS_MIN_BYTES
     fmt = to or ("safetensors" if dst.endswith(".safetensors") else "torch")
-    if fmt not in ("torch", "safetensors"):
-        raise ValueError(f"--to {fmt!r}; expected 'torch' or 'safetensors'")
+    if fmt not in ("torch", "safetensors", "dcp"):
+        raise ValueError(f"--to {fmt!r}; expected 'torch', 'safetensors' or 'dcp'")
+    if max_shard_size is not None and fmt != "safetensors":
+        raise ValueError("--max-shard-size writes safetensors shards; add --to safetensors")
     if strip != "auto" and strip != "none" and not strip.endswith("."):
         raise ValueError(f"--strip {strip!r}; expected 'auto', 'none' or a prefix ending in '.'")
-    obj = load(src)
+    obj = _read_source(src)
     if key is not None:
         state_dict, _ = find_state_dict(obj, key)  # CheckpointError naming the keys there
         obj = state_dict
@@ -329,7 +339,14 @@ def convert_checkpoint(
     tensors = list(_iter_tensors(obj))
     progress = _Progress(sum(map(_nbytes, tensors)), stream, show)
     summary: Dict[str, Any] = {"format": fmt, "tensors": len(tensors), "dropped": []}
-    if fmt == "safetensors":
+    if fmt == "dcp":
+        if not isinstance(obj, Mapping):
+            raise CheckpointError(
+                f"--to dcp needs a dict checkpoint; {src!r} holds a {type(obj).__name__}"
+            )
+        layouts.save_dcp(obj, dst)
+        progress.advance(progress.total, "written")
+    elif fmt == "safetensors":
         try:
             import safetensors.torch as st_torch
         except ImportError:
@@ -341,7 +358,12 @@ def convert_checkpoint(
         flat, dropped = _for_safetensors(state_dict)
         summary["dropped"] = dropped
         summary["tensors"] = len(flat)
-        atomic_write(dst, lambda tmp: st_torch.save_file(flat, tmp))
+        if max_shard_size is not None:
+            summary.update(
+                layouts.save_sharded_safetensors(flat, dst, layouts.parse_size(max_shard_size))
+            )
+        else:
+            atomic_write(dst, lambda tmp: st_torch.save_file(flat, tmp))
         progress.advance(progress.total, "written")
     else:
 
@@ -352,6 +374,29 @@ def convert_checkpoint(
         atomic_write(dst, write)
     progress.close()
     return summary
+
+
+def _size_of(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(
+            os.path.getsize(os.path.join(path, n))
+            for n in os.listdir(path)
+            if os.path.isfile(os.path.join(path, n))
+        )
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def _read_source(src: str) -> Any:
+    """The whole checkpoint at ``src``: a file (st.load), a DCP directory, a shard index."""
+    layout = layouts.resolve(src)
+    if layout is None or isinstance(layout, layouts.FileLayout):
+        return load(src if layout is None else layout.path)
+    if isinstance(layout, layouts.DCPDirectory):
+        return layouts.dcp_to_object(layout.path)
+    view = layout.meta_view()
+    out: Dict[str, Any] = {}
+    layout.load_into(torch.nn.Module(), [(k, k) for k in view], lambda batch: out.update(batch))
+    return {k: out[k] for k in view}
 
 
 def _state_dicts_in(obj: Any) -> List[Mapping[str, Any]]:
@@ -740,6 +785,8 @@ def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
         except (CheckpointError, ValueError) as exc:
             sys.stderr.write(f"safetorch ckpt {command}: {' '.join(str(exc).split())}\n")
             return 2
+        except BrokenPipeError:
+            raise  # `safetorch ckpt inspect ... | head`: the top-level command ends quietly
         except OSError as exc:  # e.g. disk full while writing
             sys.stderr.write(f"safetorch ckpt {command}: {exc}\n")
             return 1
@@ -747,7 +794,48 @@ def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
     return run
 
 
+def _is_layout(path: str) -> bool:
+    return os.path.isdir(path) or path.endswith(".index.json")
+
+
+def _print_layout(info: Dict[str, Any], out: IO[str]) -> None:
+    out.write(f"path: {info['path']} ({info['layout']})\n")
+    out.write(f"model weights: {info['model']}\n")
+    for f in info["files"]:
+        out.write(f"  {f['file']:<40} {_human(f['bytes']):>10}  {f['role']}\n")
+    if "state_dict_tensors" in info:
+        where = info.get("state_dict_key") or "(top level)"
+        out.write(
+            f"state dict: {where} ({info['state_dict_tensors']} tensors, "
+            f"{_human(info['tensor_bytes'])}; st.load_state_dict loads it)\n"
+        )
+        others = [k for k in info.get("state_dicts", []) if k != info.get("state_dict_key")]
+        if others:
+            out.write("other state dicts: " + ", ".join(others) + "\n")
+        prefixes = [
+            f"{p} ({_PREFIX_NOTES[p]})" if p in _PREFIX_NOTES else p
+            for p in info.get("wrapper_prefixes", [])
+        ]
+        out.write("wrapper prefixes: " + (", ".join(prefixes) or "none") + "\n")
+    elif info.get("state_dict_note"):
+        out.write(f"state dict: {info['state_dict_note']}\n")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    if _is_layout(args.path) and os.path.exists(args.path) and args.keys is None:
+        info = layouts.describe(args.path)
+        if info["layout"] == "file":  # a directory with one torch.save file: describe it too
+            picked = os.path.join(
+                args.path, next(f["file"] for f in info["files"] if "model" in f["role"])
+            )
+            info["checkpoint"] = inspect_checkpoint(picked)
+        if args.json:
+            sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        else:
+            _print_layout(info, sys.stdout)
+            if "checkpoint" in info:
+                _print_info(info["checkpoint"], sys.stdout)
+        return 1 if info.get("checkpoint", {}).get("unsafe_globals") else 0
     _readable_file(args.path)
     if args.keys is not None:
         info = inspect_checkpoint(args.path)  # refuses unsafe files before loading them
@@ -772,11 +860,29 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    _readable_file(args.src)
-    _writable_target(args.dst)
+    if not (_is_layout(args.src) and os.path.exists(args.src)):
+        _readable_file(args.src)
     if os.path.abspath(args.src) == os.path.abspath(args.dst):
-        raise _BadInput(f"IN and OUT are the same file ({args.src!r}); write to a new path")
-    summary = convert_checkpoint(args.src, args.dst, strip=args.strip, to=args.to, key=args.key)
+        raise _BadInput(f"IN and OUT are the same path ({args.src!r}); write to a new path")
+    if args.to == "dcp" or args.max_shard_size is not None:  # OUT is a directory
+        if os.path.exists(args.dst) and (not os.path.isdir(args.dst) or os.listdir(args.dst)):
+            raise _BadInput(
+                f"OUT {args.dst!r} exists; a {'DCP' if args.to == 'dcp' else 'shard'} directory "
+                "is written to a new path"
+            )
+        parent = os.path.dirname(os.path.abspath(args.dst))
+        if not os.path.isdir(parent):
+            raise _BadInput(f"cannot write {args.dst!r}: directory {parent} does not exist")
+    else:
+        _writable_target(args.dst)
+    summary = convert_checkpoint(
+        args.src,
+        args.dst,
+        strip=args.strip,
+        to=args.to,
+        key=args.key,
+        max_shard_size=args.max_shard_size,
+    )
     if args.json:
         sys.stdout.write(json.dumps({"path": args.dst, **summary}, indent=2) + "\n")
         return 0
@@ -839,7 +945,9 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     ckpt.set_defaults(func=_usage)
 
     inspect = sub.add_parser(
-        "inspect", help="container keys, state dicts, tensors, dtypes, prefixes, unsafe globals"
+        "inspect",
+        help="container keys, state dicts, tensors, dtypes, prefixes, unsafe globals; a "
+        "directory or shard index file by file",
     )
     inspect.add_argument("path")
     inspect.add_argument(
@@ -853,7 +961,10 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=_guarded("inspect", _cmd_inspect))
 
-    convert = sub.add_parser("convert", help="rewrite atomically, stripping wrapper prefixes")
+    convert = sub.add_parser(
+        "convert",
+        help="rewrite atomically: strip wrapper prefixes; torch, safetensors (shards), DCP",
+    )
     convert.add_argument("src", metavar="IN")
     convert.add_argument("dst", metavar="OUT")
     convert.add_argument(
@@ -862,7 +973,19 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         help="'auto' (wrapper segments such as module., _orig_mod.), 'none', or a leading "
         "prefix ending in '.' (e.g. model.)",
     )
-    convert.add_argument("--to", choices=("torch", "safetensors"), default=None)
+    convert.add_argument(
+        "--to",
+        choices=("torch", "safetensors", "dcp"),
+        default=None,
+        help="output format (default from OUT's extension); dcp writes a DCP directory",
+    )
+    convert.add_argument(
+        "--max-shard-size",
+        default=None,
+        metavar="SIZE",
+        help="with --to safetensors: shards of at most SIZE (e.g. 5GB) in the directory OUT, "
+        "with model.safetensors.index.json",
+    )
     convert.add_argument(
         "--key", default=None, help="container key of the state dict to write (only that one)"
     )

@@ -440,3 +440,181 @@ class FileLayout(Layout):
     """One torch.save file picked inside a directory (loaded by st.load as usual)."""
 
     kind = "file"
+
+
+# --- conversions (safetorch ckpt convert / inspect) --------------------------------------------
+def dcp_to_object(directory: str) -> Any:
+    """The whole content of a DCP directory as the nested object it was saved from.
+
+    Tensors are allocated on the CPU and filled by DCP; byte entries are loaded weights-only.
+    The nesting comes from DCP's own ``planner_data`` (flattened key -> original path) where
+    it is present, else from the first key segment.
+    """
+    from safetorch.checkpoint.state import _SafePlanner
+
+    dcp_dir = DCPDirectory(directory, directory)
+    flat: Dict[str, Any] = {}
+    for key, value in dcp_dir.flat_meta().items():
+        flat[key] = torch.empty(value.shape, dtype=value.dtype) if torch.is_tensor(value) else None
+    import torch.distributed.checkpoint as dcp
+
+    load = getattr(dcp, "load", None) or dcp.load_state_dict
+    with _single_process_quiet():
+        load(flat, storage_reader=_safe_reader(directory), planner=_SafePlanner.make())
+    paths = getattr(dcp_dir.metadata, "planner_data", None) or {}
+    if not paths:
+        return nest_flat_keys(flat)
+    out: Dict[Any, Any] = {}
+    for key, value in flat.items():
+        path = paths.get(key, (key,))
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def save_dcp(obj: Mapping[str, Any], directory: str) -> None:
+    """Write ``obj`` as a DCP directory on one process (temp directory, then rename)."""
+    import shutil
+    import uuid
+
+    import torch.distributed.checkpoint as dcp
+
+    parent = os.path.dirname(os.path.abspath(directory))
+    tmp = os.path.join(parent, f".{os.path.basename(directory)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with _single_process_quiet():
+            if hasattr(dcp, "save"):  # torch 2.2+
+                dcp.save(dict(obj), checkpoint_id=tmp)
+            else:
+                dcp.save_state_dict(dict(obj), storage_writer=dcp.FileSystemWriter(tmp))
+        os.replace(tmp, directory)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"``, ``"500MB"``, ``"1024"`` -> bytes (decimal units, as transformers)."""
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+    t = text.strip().upper().replace(" ", "")
+    factor, number = 1, t[:-1] if t.endswith("B") else t
+    for unit, scale in units.items():  # the 3-letter units first: "MIB" also ends in "IB"
+        if t.endswith(unit):
+            factor, number = scale, t[: -len(unit)]
+            break
+    try:
+        value = float(number) * factor
+    except ValueError:
+        raise ValueError(
+            f"size {text!r}; expected e.g. '5GB', '500MB' or a number of bytes"
+        ) from None
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return int(value)
+
+
+def save_sharded_safetensors(
+    state_dict: Mapping[str, torch.Tensor], directory: str, max_shard_bytes: int
+) -> Dict[str, Any]:
+    """Write ``model-0000i-of-0000n.safetensors`` shards and ``model.safetensors.index.json``.
+
+    Shards are filled in key order up to ``max_shard_bytes`` (a larger tensor gets a shard of
+    its own), each written atomically; the index is written last.
+    """
+    from safetorch._atomic import atomic_write
+
+    st_torch = _safetensors_module()
+    shards: List[Dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in state_dict.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor.contiguous()
+        size += nbytes
+    os.makedirs(directory, exist_ok=True)
+    n = len(shards)
+    weight_map: Dict[str, str] = {}
+    total = 0
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{n:05d}.safetensors"
+
+        def write(tmp: str, shard: Dict[str, torch.Tensor] = shard) -> None:
+            st_torch.save_file(shard, tmp, metadata={"format": "pt"})
+
+        atomic_write(os.path.join(directory, name), write)
+        for key, tensor in shard.items():
+            weight_map[key] = name
+            total += tensor.numel() * tensor.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    text = json.dumps(index, indent=2, sort_keys=True)
+
+    def write_index(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+    atomic_write(os.path.join(directory, SAFETENSORS_INDEX), write_index)
+    return {"shards": n, "tensors": len(weight_map), "total_bytes": total}
+
+
+def _role(name: str, picked: Optional[str]) -> str:
+    if picked is not None and name == picked:
+        return "model weights (st.load_state_dict reads this)"
+    if name == DCP_METADATA:
+        return "DCP metadata (read with the restricted unpickler)"
+    if name.endswith(".distcp"):
+        return "DCP shard"
+    if name.endswith(".index.json"):
+        return "shard index"
+    for hint in _NOT_WEIGHTS:
+        if name.startswith(hint):
+            return hint.replace("_", " ")
+    if name.endswith((".json", ".txt", ".md", ".yaml")):
+        return "metadata"
+    if name.endswith(_WEIGHT_SUFFIXES):
+        return "weights"
+    return "other"
+
+
+def describe(path: str) -> Dict[str, Any]:
+    """A directory or index described file by file, with the one holding the model named."""
+    layout = resolve(path)
+    if layout is None:
+        raise CheckpointError(f"{path!r} is a single checkpoint file; inspect it directly")
+    root = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    model_files = {os.path.basename(f) for f in layout.files()}
+    picked = os.path.basename(layout.path) if not isinstance(layout, DCPDirectory) else None
+    files = []
+    for name in sorted(os.listdir(root)):
+        full = os.path.join(root, name)
+        if not os.path.isfile(full) or name.startswith(".") and name != DCP_METADATA:
+            continue
+        role = _role(name, picked)
+        if name in model_files and role in ("weights", "other"):
+            role = "model weights shard"
+        files.append({"file": name, "bytes": os.path.getsize(full), "role": role})
+    info: Dict[str, Any] = {
+        "path": path,
+        "layout": layout.kind,
+        "model": layout.description,
+        "files": files,
+    }
+    if not isinstance(layout, FileLayout):
+        view = layout.meta_view()
+        from safetorch.checkpoint.keys import find_state_dict, known_prefixes, state_dict_keys
+
+        info["state_dicts"] = state_dict_keys(view)
+        try:
+            sd, key = find_state_dict(view)
+            info["state_dict_key"] = key
+            info["state_dict_tensors"] = len(sd)
+            info["tensor_bytes"] = sum(
+                t.numel() * t.element_size() for t in sd.values() if torch.is_tensor(t)
+            )
+            info["wrapper_prefixes"] = known_prefixes(sd)
+        except CheckpointError as exc:
+            info["state_dict_note"] = str(exc)
+    return info

@@ -32,7 +32,7 @@ def files(tmp_path: Path) -> Path:
 
 # (argv with {d} for the temp dir, exit status, text the one line must contain)
 CASES = [
-    (["ckpt", "inspect", "{d}/dir"], 2, "is a directory"),
+    (["ckpt", "inspect", "{d}/dir"], 2, "holds no model weights"),
     (["ckpt", "inspect", "{d}/missing.pt"], 2, "no such file"),
     (["ckpt", "inspect", "{d}/junk.pt"], 2, "junk.pt"),
     (["ckpt", "inspect", "{d}/empty.pt"], 2, "empty.pt"),
@@ -43,7 +43,7 @@ CASES = [
     (["ckpt", "convert", "{d}/ok.pt", "{d}/x.pt", "--key", "nope"], 2, "key='nope'"),
     (["ckpt", "convert", "{d}/ok.pt", "{d}/x.pt", "--strip", "model."], 2, "--strip 'model.'"),
     (["ckpt", "convert", "{d}/ok.pt", "{d}/x.pt", "--strip", "bad"], 2, "--strip 'bad'"),
-    (["ckpt", "convert", "{d}/ok.pt", "{d}/ok.pt"], 2, "same file"),
+    (["ckpt", "convert", "{d}/ok.pt", "{d}/ok.pt"], 2, "same path"),
     (["ckpt", "diff", "{d}/ok.pt", "{d}/missing.pt"], 2, "no such file"),
     (["ckpt", "diff", "{d}/dir", "{d}/ok.pt"], 2, "is a directory"),
     (["ckpt", "diff", "{d}/ok.pt", "{d}/junk.pt"], 2, "junk.pt"),
