@@ -1,10 +1,18 @@
-"""Loading a ~1 GB DataParallel checkpoint into a plain model: torch.load vs mmap vs st.
+"""Loading a ~1 GB DataParallel checkpoint into a plain model, side by side in one run.
 
-Each variant runs in its own process (fresh peak RSS from resource.getrusage); the file is
+Three layouts of the same weights (keys with DataParallel's ``module.``):
+* one torch.save file: torch.load + strip + load_state_dict (a), the same with mmap=True (b),
+  st.load_state_dict (c);
+* a DCP directory: torch's dcp_to_torch_save + torch.load + strip + load_state_dict (d),
+  st.load_state_dict (e);
+* safetensors shards with an index: safetensors.torch.load_file per shard + strip +
+  load_state_dict(strict=False) (f), st.load_state_dict (g).
+
+Each variant runs in its own process (fresh peak RSS from resource.getrusage); the files are
 read once beforehand so every variant starts from a warm page cache. Prints a markdown table
-with times and peak RSS, and the ratios the issue targets.
+with times and peak RSS, and the ratios the issues target.
 
-Usage: python benchmarks/bench_checkpoint.py [--gb 1.0] [--repeats 3]
+Usage: python benchmarks/bench_checkpoint.py [--gb 1.0] [--repeats 3] [--only abc]
 """
 
 from __future__ import annotations
@@ -19,10 +27,27 @@ import tempfile
 import time
 
 VARIANTS = {
-    "a": "torch.load + dict comprehension + load_state_dict",
-    "b": "torch.load(mmap=True) + dict comprehension + load_state_dict",
-    "c": "st.load_state_dict(model, path)",
+    "a": "file: torch.load + dict comprehension + load_state_dict",
+    "b": "file: torch.load(mmap=True) + dict comprehension + load_state_dict",
+    "c": "file: st.load_state_dict(model, path)",
+    "d": "DCP: dcp_to_torch_save + torch.load + strip + load_state_dict",
+    "e": "DCP: st.load_state_dict(model, dcp_dir)",
+    "f": "shards: safetensors load_file per shard + strip + load_state_dict",
+    "g": "shards: st.load_state_dict(model, shard_dir)",
 }
+LAYOUT_OF = {
+    "a": "file",
+    "b": "file",
+    "c": "file",
+    "d": "dcp",
+    "e": "dcp",
+    "f": "shards",
+    "g": "shards",
+}
+
+
+def _strip(sd):
+    return {k[len("module.") :] if k.startswith("module.") else k: v for k, v in sd.items()}
 
 
 def build_model(gb: float):
@@ -41,70 +66,119 @@ def child(variant: str, path: str, gb: float) -> None:
     import safetorch as st
 
     model = build_model(gb)
+    load_state_dict = st.load_state_dict  # the lazy package imports here, outside the timing
     start = time.perf_counter()
-    if variant == "c":
-        report = st.load_state_dict(model, path)
-        assert report.ok
+    if variant in ("c", "e", "g"):
+        report = load_state_dict(model, path)
+        assert report.ok, report
+    elif variant == "d":
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        tmp = os.path.join(tempfile.mkdtemp(prefix="bench_dcp_"), "full.pt")
+        dcp_to_torch_save(path, tmp)
+        sd = torch.load(tmp, map_location="cpu", weights_only=True)
+        model.load_state_dict(_strip(sd))
+        os.unlink(tmp)
+    elif variant == "f":
+        import json as _json
+
+        from safetensors.torch import load_file
+
+        with open(os.path.join(path, "model.safetensors.index.json")) as fh:
+            shards = sorted(set(_json.load(fh)["weight_map"].values()))
+        for shard in shards:
+            model.load_state_dict(_strip(load_file(os.path.join(path, shard))), strict=False)
     else:
         kwargs = {"mmap": True} if variant == "b" else {}
         sd = torch.load(path, map_location="cpu", weights_only=True, **kwargs)
-        sd = {k[len("module.") :] if k.startswith("module.") else k: v for k, v in sd.items()}
-        model.load_state_dict(sd)
+        model.load_state_dict(_strip(sd))
     seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_kib / 1024}))
+
+
+def _warm(path: str) -> None:
+    files = [path] if os.path.isfile(path) else [os.path.join(path, n) for n in os.listdir(path)]
+    for f in files:
+        with open(f, "rb") as fh:  # warm the page cache for every variant alike
+            while fh.read(64 << 20):
+                pass
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gb", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="".join(VARIANTS), help="variants to run, e.g. abc")
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "PATH"))
     args = parser.parse_args()
     if args.child:
         child(args.child[0], args.child[1], args.gb)
         return
+    import shutil
+    import warnings
+
     import torch
 
     directory = tempfile.mkdtemp(prefix="bench_ckpt_")
-    path = os.path.join(directory, "dp.pt")
+    paths = {
+        "file": os.path.join(directory, "dp.pt"),
+        "dcp": os.path.join(directory, "dcp"),
+        "shards": os.path.join(directory, "shards"),
+    }
     model = build_model(args.gb)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_()
-    torch.save(torch.nn.DataParallel(model).state_dict(), path)
-    size_gb = os.path.getsize(path) / 2**30
-    del model
-    with open(path, "rb") as fh:  # warm the page cache for every variant alike
-        while fh.read(64 << 20):
-            pass
-    results = {v: [] for v in VARIANTS}
+    dp_state = torch.nn.DataParallel(model).state_dict()
+    variants = [v for v in VARIANTS if v in args.only]
+    layouts_needed = {LAYOUT_OF[v] for v in variants}
+    torch.save(dp_state, paths["file"])
+    if "dcp" in layouts_needed:
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(dp_state, checkpoint_id=paths["dcp"])
+    if "shards" in layouts_needed:
+        from safetorch.checkpoint import layouts
+
+        layouts.save_sharded_safetensors(dp_state, paths["shards"], 256 * 2**20)
+    size_gb = os.path.getsize(paths["file"]) / 2**30
+    del model, dp_state
+    for layout in layouts_needed:
+        _warm(paths[layout])
+    results = {v: [] for v in variants}
     for _ in range(args.repeats):
-        for v in VARIANTS:  # interleaved, so drift hits every variant
+        for v in variants:  # interleaved, so drift hits every variant
             out = subprocess.run(
-                [sys.executable, __file__, "--gb", str(args.gb), "--child", v, path],
+                [sys.executable, __file__, "--gb", str(args.gb), "--child", v, paths[LAYOUT_OF[v]]],
                 capture_output=True,
                 text=True,
                 check=True,
             )
             results[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    os.unlink(path)
-    os.rmdir(directory)
+    shutil.rmtree(directory)
     best = {v: min(r["seconds"] for r in rs) for v, rs in results.items()}
     rss = {v: max(r["peak_rss_mb"] for r in rs) for v, rs in results.items()}
     print(f"checkpoint: {size_gb:.2f} GB, best of {args.repeats}, torch {torch.__version__}\n")
-    print("| variant | time (s) | peak RSS (MB) | time vs (c) | RSS vs (c) |")
-    print("|---|---|---|---|---|")
-    for v, label in VARIANTS.items():
-        print(
-            f"| ({v}) {label} | {best[v]:.3f} | {rss[v]:.0f} | "
-            f"{best[v] / best['c']:.2f}x | {rss[v] / rss['c']:.2f}x |"
-        )
-    print(
-        f"\n(c) is {best['a'] / best['c']:.2f}x faster than (a) (target >= 3x); "
-        f"(c)/(b) time {best['c'] / best['b']:.2f} (target <= 1.1), "
-        f"(c)/(b) peak RSS {rss['c'] / rss['b']:.2f} (target <= 1.1)"
-    )
+    print("| variant | time (s) | peak RSS (MB) |")
+    print("|---|---|---|")
+    for v in variants:
+        print(f"| ({v}) {VARIANTS[v]} | {best[v]:.3f} | {rss[v]:.0f} |")
+    print()
+    for ours, peers, target in (
+        ("c", ("a",), "(c) vs (a): target >= 3x faster"),
+        ("c", ("b",), "(c) vs (b): target <= 1.1x time and RSS"),
+        ("e", ("d",), "(e) vs (d): target <= 1.1x time and RSS"),
+        ("g", ("f",), "(g) vs (f): target <= 1.1x time and RSS"),
+    ):
+        if ours in best and all(p in best for p in peers):
+            p = peers[0]
+            print(
+                f"- {target}: ({ours}) takes {best[ours] / best[p]:.2f}x the time of ({p}) "
+                f"({best[p] / best[ours]:.2f}x faster), peak RSS {rss[ours] / rss[p]:.2f}x"
+            )
 
 
 if __name__ == "__main__":
