@@ -1,8 +1,8 @@
-"""The README's examples run.
+"""The examples of the README and of every page under docs/ run.
 
-Every ```python block with `>>>` is a doctest (run in order, one namespace); every other
-```python block is executed as a script, in order within its `## ` section (one namespace per
-section), in a temporary working directory.
+In each file, every ```python block with `>>>` is a doctest (run in order, one namespace per
+file); every other ```python block is executed as a script, in order within its `## ` section
+(one namespace per section), in a temporary working directory.
 """
 
 from __future__ import annotations
@@ -16,32 +16,53 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"```python\n(.*?)```", flags=re.S)
 
 
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
 def _sections() -> List[Tuple[str, List[str]]]:
-    text = README.read_text(encoding="utf-8")
     out = []
-    for chunk in re.split(r"\n(?=## )", text):
-        title = chunk.splitlines()[0].lstrip("# ").strip()
-        scripts = [b for b in _BLOCK.findall(chunk) if ">>>" not in b]
-        if scripts:
-            out.append((title, scripts))
+    for page in PAGES:
+        for chunk in re.split(r"\n(?=## )", page.read_text(encoding="utf-8")):
+            title = f"{_name(page)}: " + chunk.splitlines()[0].lstrip("# ").strip()
+            scripts = [b for b in _BLOCK.findall(chunk) if ">>>" not in b]
+            if scripts:
+                out.append((title, scripts))
     return out
 
 
-def test_readme_doctests_pass() -> None:
-    text = "\n\n".join(b for b in _BLOCK.findall(README.read_text(encoding="utf-8")) if ">>>" in b)
-    test = doctest.DocTestParser().get_doctest(text, {}, "README.md", str(README), 0)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    result = runner.run(test)
-    assert result.attempted > 10
-    assert result.failed == 0, "a README example failed (output above)"
+def test_docs_pages_exist_and_are_linked_from_the_readme() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(PAGES) > 5
+    for page in PAGES[1:]:
+        assert f"({_name(page)})" in text, f"README does not link {_name(page)}"
+    assert len(text.splitlines()) <= 250
+
+
+def test_doctests_pass() -> None:
+    attempted = 0
+    for page in PAGES:
+        blocks = [b for b in _BLOCK.findall(page.read_text(encoding="utf-8")) if ">>>" in b]
+        if not blocks:
+            continue
+        test = doctest.DocTestParser().get_doctest(
+            "\n\n".join(blocks), {}, _name(page), str(page), 0
+        )
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        result = runner.run(test)
+        attempted += result.attempted
+        assert result.failed == 0, f"an example in {_name(page)} failed (output above)"
+    assert attempted > 10
 
 
 @pytest.mark.parametrize("title,scripts", _sections(), ids=[t for t, _ in _sections()])
-def test_readme_scripts_run(title: str, scripts: List[str], tmp_path: Path, capsys: Any) -> None:
+def test_scripts_run(title: str, scripts: List[str], tmp_path: Path, capsys: Any) -> None:
     import safetorch as st
 
     cwd = os.getcwd()
@@ -52,7 +73,7 @@ def test_readme_scripts_run(title: str, scripts: List[str], tmp_path: Path, caps
             # examples may show a SafetorchWarning on purpose; everything else stays an error
             warnings.simplefilter("ignore", st.SafetorchWarning)
             for i, code in enumerate(scripts):
-                exec(compile(code, f"README.md[{title}#{i}]", "exec"), namespace)
+                exec(compile(code, f"{title}#{i}", "exec"), namespace)
     finally:
         os.chdir(cwd)
         st.unpatch()
