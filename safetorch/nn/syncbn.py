@@ -22,6 +22,7 @@ process group and on any non-CUDA input even in eval mode; the branch is bound a
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, Type, TypeVar
 
@@ -34,7 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.errors import SafetorchWarning
+from safetorch.errors import DistributedWarning, SafetorchWarning
 
 __all__: List[str] = [
     "SyncBatchNorm",
@@ -496,6 +497,44 @@ def _no_sync_reason(process_group: Any) -> Optional[str]:
     return None
 
 
+def _launcher_environment() -> Optional[str]:
+    """The launcher variables that say this process is one of several ranks, or None.
+
+    torchrun, ``torch.distributed.launch``, SLURM wrappers and Lightning set ``WORLD_SIZE``
+    (with ``RANK`` / ``LOCAL_RANK``) before the script runs; a world size above 1 means the
+    process is meant to join a process group. Returns e.g. ``"WORLD_SIZE=2, RANK=0"``.
+    """
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is None:
+        return None
+    try:
+        world = int(raw)
+    except ValueError:
+        return None
+    if world <= 1:
+        return None
+    seen = [f"WORLD_SIZE={world}"]
+    seen += [f"{k}={os.environ[k]}" for k in ("RANK", "LOCAL_RANK") if k in os.environ]
+    return ", ".join(seen)
+
+
+def _warn_launched_without_group(reason: str) -> None:
+    """Warn when the environment says distributed but there is no process group to follow."""
+    launched = _launcher_environment()
+    if launched is None:
+        return  # single-process use: returning the model unchanged is the intended result
+    warnings.warn(
+        f"convert_sync_batchnorm: the environment says this is a distributed run ({launched}) "
+        f"but {reason}, so the BatchNorm layers were left as plain BatchNorm and each rank "
+        "will normalize with its own batch statistics. Call "
+        "torch.distributed.init_process_group(...) before convert_sync_batchnorm, or pass "
+        'policy="portable" to convert now (st.SyncBatchNorm synchronizes once a process '
+        "group exists)",
+        DistributedWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
 def convert_sync_batchnorm(
     module: nn.Module, process_group: Any = None, *, policy: str = "auto"
 ) -> nn.Module:
@@ -504,7 +543,11 @@ def convert_sync_batchnorm(
     Unlike ``nn.SyncBatchNorm.convert_sync_batchnorm``:
 
     * ``policy="auto"`` returns ``module`` unchanged (and logs why, at debug level) when no
-      process group is initialized or its world size is 1;
+      process group is initialized or its world size is 1; if the environment says the
+      process is one of several ranks (``WORLD_SIZE`` > 1, as torchrun sets it) but no
+      process group is initialized yet, it also warns with
+      :class:`~safetorch.DistributedWarning` (call ``init_process_group`` first, or pass
+      ``policy="portable"``);
     * each layer gets the class that runs on its device: ``torch.nn.SyncBatchNorm`` on CUDA
       (and the other devices torch's supports), :class:`SyncBatchNorm` elsewhere (CPU under
       gloo, where torch's raises); an existing ``torch.nn.SyncBatchNorm`` on such a device is
@@ -544,6 +587,8 @@ def convert_sync_batchnorm(
         reason = _no_sync_reason(process_group)
         if reason is not None:
             _log.debug("convert_sync_batchnorm: %s; module returned unchanged", reason)
+            if not (dist.is_available() and dist.is_initialized()):
+                _warn_launched_without_group(reason)
             return module
 
     skipped: List[str] = []

@@ -49,6 +49,84 @@ def test_no_process_group_returns_module_unchanged_and_logs_why(caplog):
     assert "no process group is initialized" in caplog.text
 
 
+_LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+@pytest.fixture
+def launch_env(monkeypatch):
+    """Set the launcher variables for one test (all others of the three removed)."""
+
+    def set_env(**values):
+        for name in _LAUNCH_VARS:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+
+    return set_env
+
+
+@pytest.mark.parametrize(
+    ("env", "seen"),
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "WORLD_SIZE=2, RANK=1"),
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "3"}, "WORLD_SIZE=4, LOCAL_RANK=3"),
+    ],
+)
+def test_launched_without_process_group_warns_at_the_caller(launch_env, env, seen):
+    launch_env(**env)
+    model = small_model()
+    before = [type(m) for m in model.modules()]
+    with pytest.warns(st.DistributedWarning) as record:
+        assert st.convert_sync_batchnorm(model) is model
+    assert [type(m) for m in model.modules()] == before  # still plain BatchNorm
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert f"({seen})" in message
+    assert "no process group is initialized" in message
+    assert "torch.distributed.init_process_group" in message
+    assert 'policy="portable"' in message
+    assert record[0].filename == __file__
+    assert issubclass(record[0].category, st.SafetorchWarning)
+
+
+def test_launched_without_process_group_warns_through_the_patch(launch_env):
+    launch_env(WORLD_SIZE="2", RANK="0")
+    with st.patched("syncbn"), pytest.warns(st.DistributedWarning, match="WORLD_SIZE=2") as rec:
+        nn.SyncBatchNorm.convert_sync_batchnorm(small_model())
+    assert [w.filename for w in rec] == [__file__]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # plain single-process run
+        {"RANK": "0", "LOCAL_RANK": "0"},  # no WORLD_SIZE: nothing says there are other ranks
+        {"WORLD_SIZE": "1", "RANK": "0"},
+        {"WORLD_SIZE": "0"},
+        {"WORLD_SIZE": "two"},
+        {"WORLD_SIZE": ""},
+    ],
+)
+def test_single_process_environment_stays_quiet(launch_env, env, caplog):
+    launch_env(**env)
+    model = small_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with caplog.at_level(logging.DEBUG, logger="safetorch"):
+            assert st.convert_sync_batchnorm(model) is model
+    assert "no process group is initialized" in caplog.text  # still said at debug level
+
+
+def test_explicit_policy_converts_without_the_launch_warning(launch_env):
+    launch_env(WORLD_SIZE="2", RANK="0")
+    model = small_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        st.convert_sync_batchnorm(model, policy="portable")
+    assert type(model[1]) is st.SyncBatchNorm
+
+
 @pytest.fixture
 def restore_excepthook():
     """torch >= 2.2's init_process_group replaces sys.excepthook (a ``[rank0]:`` prefixer)
