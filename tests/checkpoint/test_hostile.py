@@ -81,6 +81,8 @@ def build_on(module: str, name: str, attr: str, value: bytes) -> bytes:
     return PROTO2 + G(module, name) + EMPTY_DICT + U(attr) + value + SETITEM + BUILD + STOP
 
 
+# Pickle opcode sequences read best one payload per line: not reformatted.
+# fmt: off
 def build_slots_on(module: str, name: str, attr: str, value: bytes) -> bytes:
     """BUILD with (None, {attr: value}): pickle's slot state, applied with setattr()."""
     return (
@@ -168,6 +170,8 @@ def _payloads(marker: str):
         "blocked_module_sys": zipped(PROTO2 + G("sys", "modules") + STOP),
         "torchscript": zipped(PROTO2 + NONE + STOP, ("archive/constants.pkl", PROTO2 + NONE + STOP)),
     }
+
+# fmt: on
 
 
 PAYLOADS = sorted(_payloads("m"))

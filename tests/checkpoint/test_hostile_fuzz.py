@@ -53,14 +53,41 @@ GLOBALS = [
 ]
 CHUNK = hst.one_of(
     hst.sampled_from(
-        [b"(", b"t", b"\x85", b"\x86", b"\x87", b"R", b"b", b"\x81", b"}", b"]", b")", b"s",
-         b"u", b"a", b"e", b"N", b"\x88", b"\x89", b"0", b"2", b"Q", b"\x94", b"\x93", b".",
-         b"o", b"i", b"\x82\x01", b"\x8f", b"\x90", b"\x91"]  # fmt: skip
+        [
+            b"(",
+            b"t",
+            b"\x85",
+            b"\x86",
+            b"\x87",
+            b"R",
+            b"b",
+            b"\x81",
+            b"}",
+            b"]",
+            b")",
+            b"s",
+            b"u",
+            b"a",
+            b"e",
+            b"N",
+            b"\x88",
+            b"\x89",
+            b"0",
+            b"2",
+            b"Q",
+            b"\x94",
+            b"\x93",
+            b".",
+            b"o",
+            b"i",
+            b"\x82\x01",
+            b"\x8f",
+            b"\x90",
+            b"\x91",
+        ]  # fmt: skip
     ),
     hst.sampled_from(GLOBALS).map(lambda mn: _g(*mn)),
-    hst.sampled_from(["touch " + MARKER, "__defaults__", "storage", "module", "x", "cpu"]).map(
-        _u
-    ),
+    hst.sampled_from(["touch " + MARKER, "__defaults__", "storage", "module", "x", "cpu"]).map(_u),
     hst.integers(0, 255).map(lambda i: b"K" + bytes([i])),
     hst.integers(0, 2**31 - 1).map(lambda i: b"J" + struct.pack("<i", i)),
     hst.integers(0, 8).map(lambda i: b"q" + bytes([i])),
