@@ -198,7 +198,7 @@ def _parse(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], List[int]]:
         if isinstance(it, (_Tensor, list)):
             mask = _mask_of(it)
             if mask is not None:
-                _check_mask_shape(mask, shape, dim, pos)
+                _check_mask_shape(mask, shape, dim)
                 advs.append(_Adv(pos, mask, dim, 0, "mask"))
                 dim += mask.dim()
                 continue
@@ -229,43 +229,69 @@ def _cpu_proxy(x: torch.Tensor) -> torch.Tensor:
 def _on_cpu(obj: Any) -> Any:
     if isinstance(obj, _Tensor):
         return obj.cpu()
-    if isinstance(obj, tuple):
-        return tuple(_on_cpu(o) for o in obj)
+    if type(obj) is tuple or type(obj) is list:  # x[[t0, t1]] is x[t0, t1] (see above)
+        return type(obj)(_on_cpu(o) for o in obj)
     return obj
 
 
-def _cpu_torch_raises(op: Any, x: torch.Tensor, *args: Any) -> bool:
-    """Whether CPU torch raises for this call (error path only: it copies indices to host).
+def _cpu_torch_error(op: Any, x: torch.Tensor, *args: Any) -> Optional[Exception]:
+    """The error CPU torch raises for this call, or None (error path only: copies indices).
 
     A range check is a necessary condition only: torch reads no element, and so raises
     nothing, when the output is empty (a zero-size dimension of ``x``, a ``False`` or an
     all-False mask beside the index, ...). Running the same call on a zero-memory CPU proxy
-    lets CPU torch itself decide.
+    lets CPU torch itself decide, and gives its exact wording, which depends on the path
+    the kernel takes (``index_select`` alone has three) and, for ``x[idx]``, numbers the
+    advanced indices rather than the dimensions of ``x``. Other errors (``TypeError``, ...)
+    propagate as torch raised them.
     """
     try:
         op(_cpu_proxy(x), *_on_cpu(args))
-    except (IndexError, RuntimeError):
-        return True
-    return False
+    except (IndexError, RuntimeError) as e:
+        return e
+    return None
 
 
-def _check_mask_shape(mask: torch.Tensor, shape: torch.Size, dim: int, pos: int) -> None:
+def _raise_like_cpu(op: Any, x: torch.Tensor, *args: Any) -> None:
+    """After a host-side check found a bad index: raise CPU torch's error, if it has one.
+
+    Raises ``IndexOutOfBoundsError`` with ``str()`` equal to CPU torch's message; returns
+    (nothing to raise) when CPU torch accepts the call, e.g. because the output is empty.
+    """
+    err = _cpu_torch_error(op, x, *args)
+    if err is not None:
+        raise IndexOutOfBoundsError(str(err)) from None
+
+
+def _check_mask_shape(mask: torch.Tensor, shape: torch.Size, dim: int) -> None:
     for j, m in enumerate(mask.shape):
         d = dim + j
         if d >= len(shape):
             return  # too many indices: torch raises its own IndexError
         if m != shape[d]:
+            # CPU torch's wording (the checked path raises CPU torch's own message anyway)
             raise IndexOutOfBoundsError(
                 f"The shape of the mask {list(mask.shape)} at index {j} does not match the "
-                f"shape of the indexed tensor {list(shape)} at index {d} "
-                f"(mask at position {pos} of the index covers dimensions {dim}.."
-                f"{dim + mask.dim() - 1}); give a bool mask of shape "
-                f"{list(shape[dim : dim + mask.dim()])}"
+                f"shape of the indexed tensor {list(shape)} at index {d}"
             )
 
 
 def _oob_message(i: int, dim: int, n: int) -> str:
     return f"index {i} is out of bounds for dimension {dim} with size {n}"
+
+
+def _not_a_tensor(op: str, **args: Any) -> None:
+    """Raise ``TypeError`` for the first of ``args`` that is not a tensor (else return).
+
+    Called only from an ``except`` clause after torch or attribute access failed, so the
+    normal path pays nothing for it.
+    """
+    for name, value in args.items():
+        if not isinstance(value, _Tensor):
+            raise TypeError(
+                f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}; "
+                "wrap it with torch.as_tensor(...)"
+            ) from None
 
 
 def _device_mismatch(op: str, x: torch.Tensor, idx: torch.Tensor) -> None:
@@ -550,6 +576,7 @@ def checked_index(
         IndexOutOfBoundsError: (an ``IndexError`` and a ``RuntimeError``) an index is out of
             range (``mode="raise"``), or a bool mask does not match the shape it indexes.
         DeviceMismatchError: an index tensor is on another non-CPU device than ``x``.
+        TypeError: ``x`` is not a tensor.
 
     >>> import torch, safetorch as st
     >>> x = torch.arange(6)
@@ -563,29 +590,44 @@ def checked_index(
     ...     print(e)
     index 6 is out of bounds for dimension 0 with size 6
     """
-    if mode == "raise":
-        if check is None:
-            if x.is_cpu and _device.cpu_unchecked:
-                # CPU kernels raise IndexError themselves. Plain syntax, not the captured
-                # slot: it is ~0.6 us cheaper, and a patched __getitem__ returns the original
-                # at once on CPU.
-                return x[index]
-            if x.device.type not in _device._unchecked:
-                return _checked_getitem_raise(x, index)
+    try:
+        if mode == "raise":
+            if check is None:
+                if x.is_cpu and _device.cpu_unchecked:
+                    # CPU kernels raise IndexError themselves. Plain syntax, not the
+                    # captured slot: it is ~0.6 us cheaper, and a patched __getitem__
+                    # returns the original at once on CPU.
+                    return x[index]
+                if x.device.type not in _device._unchecked:
+                    return _checked_getitem_raise(x, index)
+                return _getitem(x, index)
+            if not _needs_check(x.device.type, check):
+                return _getitem(x, index)
+            return _checked_getitem_raise(x, index)
+        _validate_mode(mode)
+        items, advs, produced = _parse_like_cpu(x, index)
+        ints = [a for a in advs if a.kind == "int" and a.tensor.numel() > 0]
+        if not ints:
             return _getitem(x, index)
-        if not _needs_check(x.device.type, check):
-            return _getitem(x, index)
-        return _checked_getitem_raise(x, index)
-    _validate_mode(mode)
-    items, advs, produced = _parse(x, index)
-    ints = [a for a in advs if a.kind == "int" and a.tensor.numel() > 0]
-    if not ints:
-        return _getitem(x, index)
-    return _getitem_modes(x, items, advs, ints, produced, mode, fill_value)
+        return _getitem_modes(x, items, advs, ints, produced, mode, fill_value)
+    except (AttributeError, TypeError):
+        # x.is_cpu / x.shape / Tensor.__getitem__ on a non-tensor: say what is wrong. A
+        # try block costs nothing on the normal path.
+        _not_a_tensor("checked_index", x=x)
+        raise
+
+
+def _parse_like_cpu(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], List[int]]:
+    """``_parse``, raising CPU torch's own error when an integer or a mask is bad."""
+    try:
+        return _parse(x, index)
+    except IndexOutOfBoundsError:
+        _raise_like_cpu(_getitem, x, index)
+        raise  # CPU torch accepts it (not expected): keep safetorch's own error
 
 
 def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
-    _, advs, _ = _parse(x, index)
+    _, advs, _ = _parse_like_cpu(x, index)
     try:
         _check_ranges(
             [
@@ -595,9 +637,9 @@ def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
             ]
         )
     except IndexOutOfBoundsError:
-        if not _cpu_torch_raises(_getitem, x, index):
-            return _getitem(x, index)
-        raise
+        # CPU torch's message: which index it reports first and how it numbers dimensions
+        # (and "index is out of bounds for dimension with size 0") are its kernel's.
+        _raise_like_cpu(_getitem, x, index)
     return _getitem(x, index)
 
 
@@ -691,9 +733,7 @@ def _select_like(
         try:
             _check_ranges([(index, 0, n, d)])
         except IndexOutOfBoundsError:
-            if not _cpu_torch_raises(torch_op, x, dim, index):
-                return torch_op(x, dim, index, **extra)
-            raise
+            _raise_like_cpu(torch_op, x, dim, index)  # CPU torch's wording, path by path
         return torch_op(x, dim, index, **extra)
     if n == 0 and mode != "fill":
         raise IndexOutOfBoundsError(
@@ -751,6 +791,7 @@ def index_select(
     Raises:
         IndexOutOfBoundsError: an index is out of range (an ``IndexError``, as CPU torch).
         DeviceMismatchError: ``index`` is on another device than ``x``.
+        TypeError: ``x`` or ``index`` is not a tensor.
 
     >>> import torch, safetorch as st
     >>> st.index_select(torch.arange(6), 0, torch.tensor([5, 0]))
@@ -758,13 +799,17 @@ def index_select(
     >>> st.index_select(torch.arange(6), 0, torch.tensor([7, -1]), mode="wrap")
     tensor([1, 5])
     """
-    if mode == "raise":
-        if check is None and x.is_cpu and _device.cpu_unchecked:
-            return _index_select(x, dim, index)  # CPU kernels raise IndexError themselves
-        if not _needs_check(x.device.type, check):
-            return _index_select(x, dim, index)
-    _validate_mode(mode)
-    return _select_like("index_select", _index_select, x, dim, index, mode, fill_value, {})
+    try:
+        if mode == "raise":
+            if check is None and x.is_cpu and _device.cpu_unchecked:
+                return _index_select(x, dim, index)  # CPU kernels raise IndexError themselves
+            if not _needs_check(x.device.type, check):
+                return _index_select(x, dim, index)
+        _validate_mode(mode)
+        return _select_like("index_select", _index_select, x, dim, index, mode, fill_value, {})
+    except (AttributeError, TypeError):
+        _not_a_tensor("index_select", x=x, index=index)  # free on the normal path
+        raise
 
 
 def gather(
@@ -795,17 +840,22 @@ def gather(
         IndexOutOfBoundsError: an index is out of range (a ``RuntimeError``, as CPU torch, and
             an ``IndexError``).
         DeviceMismatchError: ``index`` is on another device than ``x``.
+        TypeError: ``x`` or ``index`` is not a tensor.
 
     >>> import torch, safetorch as st
     >>> st.gather(torch.tensor([[1, 2], [3, 4]]), 1, torch.tensor([[1], [0]]))
     tensor([[2],
             [3]])
     """
-    if mode == "raise":
-        if check is None and x.is_cpu and _device.cpu_unchecked:
-            return _gather(x, dim, index, sparse_grad=sparse_grad)  # CPU raises by itself
-        if not _needs_check(x.device.type, check):
-            return _gather(x, dim, index, sparse_grad=sparse_grad)
-    extra: Dict[str, Any] = {"sparse_grad": sparse_grad} if sparse_grad else {}
-    _validate_mode(mode)
-    return _select_like("gather", _gather, x, dim, index, mode, fill_value, extra)
+    try:
+        if mode == "raise":
+            if check is None and x.is_cpu and _device.cpu_unchecked:
+                return _gather(x, dim, index, sparse_grad=sparse_grad)  # CPU raises by itself
+            if not _needs_check(x.device.type, check):
+                return _gather(x, dim, index, sparse_grad=sparse_grad)
+        extra: Dict[str, Any] = {"sparse_grad": sparse_grad} if sparse_grad else {}
+        _validate_mode(mode)
+        return _select_like("gather", _gather, x, dim, index, mode, fill_value, extra)
+    except (AttributeError, TypeError):
+        _not_a_tensor("gather", x=x, index=index)  # free on the normal path
+        raise

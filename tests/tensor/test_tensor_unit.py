@@ -98,13 +98,14 @@ def test_env_var_typo_warns_and_uses_auto() -> None:
 
 def test_error_wording_and_classes(index_check_always: None) -> None:
     x = torch.zeros(2, 6)
+    # CPU torch numbers the index tensors, not the dimensions of x: "dimension 0" here
     with pytest.raises(
-        st.IndexOutOfBoundsError, match="index 6 is out of bounds for dimension 1 with size 6"
+        st.IndexOutOfBoundsError, match="^index 6 is out of bounds for dimension 0 with size 6$"
     ):
         st.checked_index(x, (slice(None), torch.tensor([0, 6])))
     with pytest.raises(IndexError, match="index -3 is out of bounds for dimension 0 with size 2"):
         st.checked_index(x, torch.tensor([-3]))
-    with pytest.raises(IndexError, match="index -1 is out of bounds for dimension 0 with size 2"):
+    with pytest.raises(IndexError, match="^index out of range in self$"):  # CPU's wording
         st.index_select(x, 0, torch.tensor([-1]))  # index_select does not accept negatives
     with pytest.raises(RuntimeError, match="index 7 is out of bounds for dimension 1 with size 6"):
         st.gather(x, 1, torch.tensor([[7], [0]]))
