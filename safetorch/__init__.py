@@ -21,7 +21,7 @@ __version__ = "0.1.0.dev0"
 _STAR_AREAS = ("tensor", "device", "checkpoint", "nn", "data", "timing", "patching")
 _SUBMODULES = (
     *("checkpoint", "data", "device", "errors", "findings"),
-    *("nn", "patching", "tensor", "timing"),
+    *("nn", "patching", "tensor", "timing", "legacy"),
 )
 _HEAD = ["__version__", "accelerator_available", "get_index_check", "set_index_check", "Finding"]
 # Helpers of this lazy module: kept out of dir(), which lists what the eager package had.

@@ -156,6 +156,69 @@ DATALOADER_WARNS_PIN_WITHOUT_ACCELERATOR: bool = TORCH_RELEASE >= (2, 7)
 SYNCBN_FALLS_BACK_WITHOUT_PG: bool = TORCH_RELEASE >= (2, 0)
 
 
+# --- legacy APIs (the `legacy` patch fills only the gaps these flags report) ----------------
+def _raises(fn: Callable[[], Any], *errors: type[BaseException]) -> bool:
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn()
+    except errors:
+        return True
+    return False
+
+
+# torch._six -- removed in torch 2.0 (no torch/_six.py in the 2.0 sources); detected by looking for
+# the module file, so nothing is imported.
+HAS_TORCH_SIX: bool = os.path.isfile(os.path.join(os.path.dirname(torch.__file__), "_six.py"))
+# torch.solve / lstsq / eig / symeig / matrix_rank -- deprecated in torch 1.9 in favour of
+# torch.linalg; later releases keep stubs in torch/_linalg_utils.py that raise "This function was
+# deprecated since version 1.9 and is now removed". Detected by calling each on a 1x1 matrix.
+_ONE = torch.ones(1, 1)
+HAS_TORCH_SOLVE: bool = not _raises(lambda: torch.solve(_ONE, _ONE), RuntimeError, AttributeError)
+HAS_TORCH_LSTSQ: bool = not _raises(lambda: torch.lstsq(_ONE, _ONE), RuntimeError, AttributeError)
+HAS_TORCH_EIG: bool = not _raises(lambda: torch.eig(_ONE), RuntimeError, AttributeError)
+HAS_TORCH_SYMEIG: bool = not _raises(lambda: torch.symeig(_ONE), RuntimeError, AttributeError)
+HAS_TORCH_MATRIX_RANK: bool = not _raises(
+    lambda: torch.matrix_rank(_ONE), RuntimeError, AttributeError
+)
+
+
+def _call_legacy_function() -> None:
+    class _Legacy(torch.autograd.Function):
+        def forward(self, x: Any) -> Any:  # type: ignore[override]  # the legacy form itself
+            return x
+
+    _Legacy()(torch.ones(1))
+
+
+# Legacy autograd Functions (instance forward/backward, called as Fn()(x)) -- raise since torch
+# 1.5 ("Legacy autograd function with non-static forward method is deprecated"). Probed.
+LEGACY_FUNCTION_RAISES: bool = _raises(_call_legacy_function, RuntimeError)
+# x[0] of a 0-dim tensor -- raises IndexError since torch 0.5 (0.4 warned and returned the
+# tensor). Probed.
+ZERO_DIM_INDEX_RAISES: bool = _raises(lambda: torch.tensor(0.0)[0], IndexError)
+
+
+# Variable(x, volatile=True) -- a no-op with a warning since torch 0.4 ("volatile was removed and
+# now has no effect"): the result does not carry volatile any more. Probed.
+def _volatile_kept() -> bool:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v = torch.autograd.Variable(torch.ones(1), volatile=True)
+        return bool(getattr(v, "volatile", False))
+
+
+VOLATILE_IS_NOOP: bool = not _volatile_kept()
+# size_average=/reduce= on losses map to reduction= through torch.nn._reduction.legacy_get_string
+# (emit_warning=) -- torch 1.0 (pytorch/pytorch#10512 added reduction=).
+HAS_LEGACY_REDUCTION: bool = "emit_warning" in _params(
+    getattr(getattr(torch.nn, "_reduction", None), "legacy_get_string", None)
+)
+
 _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     "LOAD_HAS_WEIGHTS_ONLY": ("1.13", "inspect.signature(torch.load)"),
     "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": (
@@ -191,6 +254,16 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     ),
     "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
     "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
+    "HAS_TORCH_SIX": ("<2.0", "torch/_six.py exists"),
+    "HAS_TORCH_SOLVE": ("<1.9 (removed later)", "torch.solve(1x1, 1x1) does not raise"),
+    "HAS_TORCH_LSTSQ": ("<1.9 (removed later)", "torch.lstsq(1x1, 1x1) does not raise"),
+    "HAS_TORCH_EIG": ("<1.9 (removed later)", "torch.eig(1x1) does not raise"),
+    "HAS_TORCH_SYMEIG": ("<1.9 (removed later)", "torch.symeig(1x1) does not raise"),
+    "HAS_TORCH_MATRIX_RANK": ("<1.9 (removed later)", "torch.matrix_rank(1x1) does not raise"),
+    "LEGACY_FUNCTION_RAISES": ("1.5", "calling a legacy Function instance raises"),
+    "ZERO_DIM_INDEX_RAISES": ("0.5", "torch.tensor(0.)[0] raises IndexError"),
+    "VOLATILE_IS_NOOP": ("0.4", "Variable(x) has no .volatile"),
+    "HAS_LEGACY_REDUCTION": ("1.0", "legacy_get_string(..., emit_warning=) exists"),
 }
 
 

@@ -195,6 +195,17 @@ PITFALLS: Tuple[Pitfall, ...] = (
         no_patch="a clock reading cannot be told from other clock readings at run time",
     ),
     Pitfall(
+        "legacy-api",
+        "Removed and changed APIs in legacy code",
+        "torch._six, torch.solve/lstsq/eig/symeig/matrix_rank, legacy autograd Functions, "
+        "volatile=True, loss.data[0], size_average=/reduce= fail or change meaning on new torch",
+        ("st.legacy",),
+        "legacy",
+        ("ST017", "ST018", "ST019", "ST020", "ST021", "ST022"),
+        None,
+        "docs/patching.md#legacy-code-on-new-torch-legacy-patch",
+    ),
+    Pitfall(
         "data-parallel",
         "nn.DataParallel",
         "slower than DDP and overloads cuda:0 with the gathered outputs",

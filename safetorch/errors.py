@@ -24,6 +24,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointFileNotFoundError",
     "CheckpointNotSeekableError",
+    "CheckpointFileObjectError",
     "UnsafeCheckpointError",
     "CheckpointMismatchError",
 ]
@@ -151,6 +152,18 @@ class CheckpointNotSeekableError(CheckpointError, io.UnsupportedOperation):
 
     >>> import io, safetorch as st
     >>> issubclass(st.CheckpointNotSeekableError, io.UnsupportedOperation)
+    True
+    """
+
+
+class CheckpointFileObjectError(CheckpointError, AttributeError):
+    """A file object lacks a method loading needs (``read``, ``seek``, ``tell``).
+
+    Also an :class:`AttributeError`, what ``torch.load`` raises there; pre-load the data into
+    ``io.BytesIO``.
+
+    >>> import safetorch as st
+    >>> issubclass(st.CheckpointFileObjectError, AttributeError)
     True
     """
 

@@ -1725,6 +1725,435 @@ class FunctionalDropoutWithoutTraining(Rule):
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# APIs newer torch removed or changed (the `legacy` patch family, st.legacy)
+# ---------------------------------------------------------------------------------------------
+_LEGACY_LINALG = {f"torch.{n}" for n in ("solve", "lstsq", "eig", "symeig", "matrix_rank")}
+
+
+def _literal_bool(node: Optional[ast.AST], default: bool) -> Optional[bool]:
+    """The value of a literal True/False argument (``default`` when absent), else None."""
+    if node is None:
+        return default
+    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        return node.value
+    return None
+
+
+def _arg(call: ast.Call, index: int, name: str) -> Optional[ast.expr]:
+    if len(call.args) > index:
+        return call.args[index]
+    kw = _keyword(call, name)
+    return None if kw is None else kw.value
+
+
+def _plain_call(call: ast.Call, names: Sequence[str]) -> bool:
+    """Only positional/keyword arguments among ``names`` (no *args, **kw, out=)."""
+    if _has_star(call) or _has_double_star(call) or len(call.args) > len(names):
+        return False
+    return all(kw.arg in names[len(call.args) :] for kw in call.keywords)
+
+
+class RemovedLinalgFunction(Rule):
+    """ST017: ``torch.solve``, ``lstsq``, ``eig``, ``symeig``, ``matrix_rank`` (removed).
+
+    Deprecated in torch 1.9 and now stubs that raise. Their ``torch.linalg`` replacements
+    differ: ``torch.solve(B, A)`` is ``torch.linalg.solve(A, B)`` (arguments swapped, no LU),
+    ``symeig`` read the *upper* triangle and returned no eigenvectors by default, ``lstsq``
+    returned ``max(m, n)`` rows (residuals below the solution), ``eig`` returned ``(n, 2)``
+    real/imaginary rows where ``linalg.eig`` returns complex tensors.
+
+    Fix (automatic) where the modern call computes the same values:
+
+        torch.solve(B, A)[0]             ->  torch.linalg.solve(A, B)            (safe)
+        torch.symeig(A)[0]               ->  torch.linalg.eigvalsh(A, UPLO="U")  (safe)
+        torch.symeig(A, eigenvectors=True) -> torch.linalg.eigh(A, UPLO="U")     (safe)
+        torch.matrix_rank(A, tol)        ->  torch.linalg.matrix_rank(A, atol=tol, rtol=0) (safe)
+        torch.matrix_rank(A, symmetric=True) -> ...(A, hermitian=True)  (unsafe: reads the
+                                            lower triangle where symeig read the upper)
+        torch.lstsq(B, A)[0]             ->  torch.linalg.lstsq(A, B).solution   (unsafe: n
+                                            rows, without the residual rows)
+
+    ``eig`` and calls that use the ``LU``/``QR`` outputs are reported without a fix.
+
+    safetorch: ``st.legacy.solve`` (and ``lstsq``, ``eig``, ``symeig``, ``matrix_rank``).
+    """
+
+    code = "ST017"
+    name = "removed-linalg-function"
+    pitfall = "torch.solve/lstsq/eig/symeig/matrix_rank were removed; torch.linalg differs"
+    safetorch = "st.legacy"
+    torch_symbols = tuple(sorted(_LEGACY_LINALG))
+    fixable = True
+    fix_applicability = "safe, or unsafe for lstsq and symmetric matrix_rank"
+    node_types = (ast.Subscript, ast.Attribute, ast.Call)
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._done: Set[int] = set()
+
+    def _spell(self, call: ast.Call, func: str, args: Sequence[str]) -> Optional[str]:
+        spelled = self.ctx.spell("torch.linalg." + func)
+        if spelled is None:
+            root = self.ctx.spell("torch")
+            spelled = None if root is None else f"{root}.linalg.{func}"
+        return None if spelled is None else f"{spelled}({', '.join(args)})"
+
+    def _first_item_fix(self, outer: ast.AST, call: ast.Call, name: str) -> Optional[Fix]:
+        seg = self.ctx.segment
+        if name == "solve" and _plain_call(call, ("input", "A")) and len(call.args) == 2:
+            text = self._spell(call, "solve", [seg(call.args[1]), seg(call.args[0])])
+            return None if text is None else Fix(f"use {text}", (self.ctx.replace(outer, text),))
+        if name == "lstsq" and _plain_call(call, ("input", "A")) and len(call.args) == 2:
+            text = self._spell(call, "lstsq", [seg(call.args[1]), seg(call.args[0])])
+            if text is None:
+                return None
+            text += ".solution"
+            return Fix(
+                f"use {text} (n rows, no residual rows)", (self.ctx.replace(outer, text),), UNSAFE
+            )
+        if name == "symeig" and _plain_call(call, ("input", "eigenvectors", "upper")):
+            upper = _literal_bool(_arg(call, 2, "upper"), True)
+            if upper is None or not call.args:
+                return None
+            uplo = '"U"' if upper else '"L"'
+            text = self._spell(call, "eigvalsh", [seg(call.args[0]), f"UPLO={uplo}"])
+            return None if text is None else Fix(f"use {text}", (self.ctx.replace(outer, text),))
+        return None
+
+    def _call_fix(self, call: ast.Call, name: str) -> Optional[Fix]:
+        seg = self.ctx.segment
+        if name == "symeig" and _plain_call(call, ("input", "eigenvectors", "upper")):
+            vectors = _literal_bool(_arg(call, 1, "eigenvectors"), False)
+            upper = _literal_bool(_arg(call, 2, "upper"), True)
+            if vectors is not True or upper is None or not call.args:
+                return None
+            uplo = '"U"' if upper else '"L"'
+            text = self._spell(call, "eigh", [seg(call.args[0]), f"UPLO={uplo}"])
+            return None if text is None else Fix(f"use {text}", (self.ctx.replace(call, text),))
+        if name == "matrix_rank" and _plain_call(call, ("input", "tol", "symmetric")):
+            if not call.args:
+                return None
+            tol = _arg(call, 1, "tol")
+            symmetric = _literal_bool(_arg(call, 2, "symmetric"), False)
+            if symmetric is None:
+                return None
+            args = [seg(call.args[0])]
+            if tol is not None and not _is_const(tol, None):
+                args += [f"atol={seg(tol)}", "rtol=0"]
+            if symmetric:
+                args.append("hermitian=True")
+            text = self._spell(call, "matrix_rank", args)
+            if text is None:
+                return None
+            how = UNSAFE if symmetric else SAFE
+            return Fix(f"use {text}", (self.ctx.replace(call, text),), how)
+        return None
+
+    def _legacy_call(self, node: Optional[ast.AST]) -> Optional[str]:
+        if isinstance(node, ast.Call) and self.ctx.qualname(node.func) in _LEGACY_LINALG:
+            return (self.ctx.qualname(node.func) or "").rsplit(".", 1)[1]
+        return None
+
+    def visit(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.Subscript, ast.Attribute)):
+            call = node.value
+            name = self._legacy_call(call)
+            first = (isinstance(node, ast.Subscript) and _is_const(node.slice, 0)) or (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.slice, ast.Constant)
+                and node.slice.value == 0
+            )
+            first = first or (
+                isinstance(node, ast.Attribute) and node.attr in ("solution", "eigenvalues")
+            )
+            if name is None or not first or not isinstance(call, ast.Call):
+                return
+            self._done.add(id(call))
+            self._report(call, name, self._first_item_fix(node, call, name))
+            return
+        name = self._legacy_call(node)
+        if name is None or id(node) in self._done or not isinstance(node, ast.Call):
+            return
+        self._report(node, name, self._call_fix(node, name))
+
+    def _report(self, call: ast.Call, name: str, fix: Optional[Fix]) -> None:
+        modern = {
+            "solve": "torch.linalg.solve(A, B) (arguments swapped; torch.linalg.lu_factor for LU)",
+            "lstsq": "torch.linalg.lstsq(A, B).solution (arguments swapped; n rows)",
+            "eig": "torch.linalg.eig(A) (complex eigenvalues/eigenvectors)",
+            "symeig": 'torch.linalg.eigvalsh(A, UPLO="U") or eigh(A, UPLO="U")',
+            "matrix_rank": "torch.linalg.matrix_rank(A, atol=tol, rtol=0, hermitian=symmetric)",
+        }[name]
+        self.report(
+            call,
+            f"torch.{name} was removed (deprecated since 1.9): use {modern}, or "
+            f"st.legacy.{name} for the torch 1.x result",
+            fix,
+        )
+
+
+# names of torch._six -> the statement that binds the same object without it
+_SIX_REPLACEMENTS: Dict[str, str] = {
+    "string_classes": "{name} = (str, bytes)",
+    "int_classes": "{name} = int",
+    "container_abcs": "import collections.abc as {name}",
+    "inf": "from math import inf as {name}",
+    "nan": "from math import nan as {name}",
+    "queue": "import queue as {name}",
+    "PY3": "{name} = True",
+    "PY2": "{name} = False",
+    "imap": "{name} = map",
+    "StringIO": "from io import StringIO as {name}",
+    "FileNotFoundError": "{name} = FileNotFoundError",
+}
+
+
+class TorchSixImport(Rule):
+    """ST018: ``from torch._six import ...`` (removed in torch 2.0).
+
+    ``torch._six`` was torch's private Python 2/3 compatibility module; old code imported
+    ``string_classes``, ``int_classes``, ``container_abcs``, ``inf`` ... from it.
+
+    Fix (automatic, safe): bind the same objects without it, one statement per name (on
+    the import's line):
+
+        from torch._six import container_abcs, string_classes
+        ->  import collections.abc as container_abcs; string_classes = (str, bytes)
+
+    safetorch: ``st.legacy.six``.
+    """
+
+    code = "ST018"
+    name = "torch-six-import"
+    pitfall = "torch._six was removed in torch 2.0"
+    safetorch = "st.legacy.six"
+    torch_symbols = ("torch._six",)
+    fixable = True
+    node_types = (ast.ImportFrom, ast.Import)
+
+    def visit(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            if any(a.name == "torch._six" for a in node.names):
+                self.report(
+                    node,
+                    "torch._six was removed in torch 2.0: import from the "
+                    "standard library instead (see st.legacy.SIX_MODERN)",
+                )
+            return
+        if not isinstance(node, ast.ImportFrom) or node.module != "torch._six" or node.level:
+            return
+        lines: List[str] = []
+        for alias in node.names:
+            template = _SIX_REPLACEMENTS.get(alias.name)
+            if template is None:
+                lines = []
+                break
+            lines.append(template.format(name=alias.asname or alias.name))
+        fix = None
+        if lines:
+            text = "; ".join(lines)  # one line: the statement's line stays where it was
+            fix = Fix("import from the standard library", (self.ctx.replace(node, text),))
+        names = ", ".join(a.name for a in node.names)
+        self.report(
+            node,
+            f"torch._six was removed in torch 2.0: bind {names} from the standard library "
+            "(st.legacy.six has them)",
+            fix,
+        )
+
+
+class LegacyAutogradFunction(Rule):
+    """ST019: an ``autograd.Function`` with instance ``forward``/``backward`` (legacy style).
+
+    Calling such a Function (``MyFn()(x)``) raises since torch 1.5. The new style declares
+    ``@staticmethod def forward(ctx, ...)`` and ``@staticmethod def backward(ctx, ...)``,
+    stores state on ``ctx`` and is called as ``MyFn.apply(x)``.
+
+    Fix (manual): rewrite to static methods; ``self`` becomes ``ctx`` and arguments of
+    ``__init__`` become extra ``forward`` arguments (with ``None`` gradients).
+
+    safetorch: ``st.legacy.legacy_function`` runs the legacy class unchanged.
+    """
+
+    code = "ST019"
+    name = "legacy-autograd-function"
+    pitfall = "autograd.Function with non-static forward raises since torch 1.5"
+    safetorch = "st.legacy.legacy_function"
+    torch_symbols = ("torch.autograd.Function",)
+    node_types = (ast.ClassDef,)
+
+    def visit(self, node: ast.ClassDef) -> None:
+        if not any(self.ctx.qualname(b) == "torch.autograd.Function" for b in node.bases):
+            return
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef) and item.name == "forward":
+                static = any(
+                    isinstance(d, ast.Name) and d.id == "staticmethod" for d in item.decorator_list
+                )
+                if not static:
+                    self.report(
+                        item,
+                        f"{node.name}.forward is an instance method (legacy autograd "
+                        "Function, raises since torch 1.5): make forward/backward "
+                        f"@staticmethod with ctx and call {node.name}.apply(...) "
+                        "(st.legacy.legacy_function runs it unchanged)",
+                    )
+
+
+_SCALAR_NAMES = ("loss", "acc", "correct", "total", "err", "cost")
+
+
+class ZeroDimIndex(Rule):
+    """ST020: ``loss.data[0]``: indexing a 0-dim tensor (IndexError since torch 0.5).
+
+    Up to torch 0.3 a loss was a 1-element tensor and ``loss.data[0]`` its value; since 0.4
+    it is 0-dim and ``[0]`` raises. Reported for ``X.data[0]`` where ``X`` is named like a
+    scalar (loss, acc, correct, total, err, cost).
+
+    Fix (unsafe, ``--unsafe-fixes``): ``.item()``, which returns a Python number where 0.4
+    returned a 0-dim tensor (the value is the same; arithmetic on it no longer builds tensors).
+
+        running_loss += loss.data[0]  ->  running_loss += loss.item()
+
+    safetorch: ``st.legacy.zero_dim_index``.
+    """
+
+    code = "ST020"
+    name = "zero-dim-index"
+    pitfall = "loss.data[0] raises on a 0-dim tensor since torch 0.5"
+    safetorch = "st.legacy.zero_dim_index"
+    torch_symbols = ("torch.Tensor.__getitem__",)
+    fixable = True
+    fix_applicability = UNSAFE
+    node_types = (ast.Subscript,)
+
+    def visit(self, node: ast.Subscript) -> None:
+        data = node.value
+        if not (isinstance(data, ast.Attribute) and data.attr == "data"):
+            return
+        if not (isinstance(node.slice, ast.Constant) and node.slice.value == 0):
+            return
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            return
+        root = (_var_key(data.value) or "").lower()
+        if isinstance(data.value, ast.Call):
+            root = (_var_key(data.value.func) or "").lower()
+        if not any(word in root for word in _SCALAR_NAMES + ("criterion",)):
+            return
+        text = f"{self.ctx.segment(data.value)}.item()"
+        fix = Fix(f"use {text}", (self.ctx.replace(node, text),), UNSAFE)
+        self.report(
+            node,
+            "x.data[0] of a 0-dim tensor raises since torch 0.5: use x.item() "
+            "(st.legacy.zero_dim_index keeps 0.4's tensor)",
+            fix,
+        )
+
+
+class VolatileVariable(Rule):
+    """ST021: ``Variable(x, volatile=True)``: a no-op since torch 0.4.
+
+    ``volatile=True`` meant "no graph for anything computed from this"; torch 0.4 made it
+    a no-op (with a warning), so inference code written that way builds a graph and keeps
+    every activation alive. Reported for ``volatile=`` passed to ``Variable``.
+
+    Fix (manual): run the computation inside ``with torch.no_grad():`` and pass the tensor
+    itself (``Variable(x)`` is ``x`` since 0.4).
+
+    safetorch: ``st.legacy.volatile``.
+    """
+
+    code = "ST021"
+    name = "volatile-variable"
+    pitfall = "Variable(volatile=True) is a no-op since torch 0.4: a graph is built"
+    safetorch = "st.legacy.volatile"
+    torch_symbols = ("torch.autograd.Variable",)
+    node_types = (ast.Call,)
+
+    def visit(self, node: ast.Call) -> None:
+        qual = self.ctx.qualname(node.func)
+        if qual not in ("torch.autograd.Variable", "torch.autograd.variable.Variable"):
+            return
+        volatile = _keyword(node, "volatile")
+        value = volatile.value if volatile is not None else None
+        if value is None and len(node.args) > 2:
+            value = node.args[2]
+        if value is None or _is_const(value, False):
+            return
+        self.report(
+            node,
+            "Variable(x, volatile=True) has no effect since torch 0.4 (a graph is built): "
+            "compute inside `with torch.no_grad():` and pass x itself (st.legacy.volatile)",
+        )
+
+
+class LegacyLossReduction(Rule):
+    """ST022: ``size_average=`` / ``reduce=`` loss arguments (deprecated for ``reduction=``).
+
+    Every loss still maps them to ``reduction`` with a warning: ``reduce=False`` means
+    ``"none"``, else ``size_average=False`` means ``"sum"``, else ``"mean"``.
+
+    Fix (automatic, safe), for literal True/False/None values: replace them with the
+    ``reduction=`` they mean:
+
+        nn.MSELoss(size_average=False)  ->  nn.MSELoss(reduction="sum")
+
+    safetorch: ``st.legacy.reduction``.
+    """
+
+    code = "ST022"
+    name = "legacy-loss-reduction"
+    pitfall = "size_average=/reduce= are deprecated spellings of reduction="
+    safetorch = "st.legacy.reduction"
+    torch_symbols = ("torch.nn._reduction.legacy_get_string",)
+    fixable = True
+    node_types = (ast.Call,)
+
+    def visit(self, node: ast.Call) -> None:
+        qual = self.ctx.qualname(node.func) or ""
+        if not qual.startswith("torch.nn."):
+            return
+        size_average = _keyword(node, "size_average")
+        reduce = _keyword(node, "reduce")
+        if size_average is None and reduce is None:
+            return
+        values = []
+        for kw in (size_average, reduce):
+            node_value = None if kw is None else kw.value
+            if node_value is None or _is_const(node_value, None):
+                values.append(True)
+            else:
+                values.append(_literal_bool(node_value, True))  # type: ignore[arg-type]
+        fix = None
+        if None not in values and _keyword(node, "reduction") is None:
+            sa, rd = values
+            result = "mean" if sa and rd else ("sum" if rd else "none")
+            kws = [kw for kw in (size_average, reduce) if kw is not None]
+            first, rest = kws[0], kws[1:]
+            edits: List[Optional[Edit]] = [self.ctx.replace(first, f'reduction="{result}"')]
+            for kw in rest:
+                edits.append(self._remove_keyword(node, kw))
+            if all(e is not None for e in edits):
+                fix = Fix(f'use reduction="{result}"', tuple(e for e in edits if e is not None))
+        self.report(
+            node,
+            "size_average=/reduce= are deprecated: pass the reduction= they mean "
+            '("mean", "sum" or "none"; st.legacy.reduction)',
+            fix,
+        )
+
+    def _remove_keyword(self, call: ast.Call, kw: ast.keyword) -> Optional[Edit]:
+        items: List[ast.AST] = [*call.args, *call.keywords]
+        index = items.index(kw)
+        if index == 0:
+            return None
+        prev = items[index - 1]
+        line, col = self.ctx.end(prev)
+        end_line, end_col = self.ctx.end(kw)
+        return Edit(line, col, end_line, end_col, "")
+
+
 class SyntaxErrorRule(Rule):
     """ST000: the file does not parse.
 
@@ -1758,6 +2187,12 @@ RULES: Tuple[Type[Rule], ...] = (
     ConvertSyncBatchNorm,
     PositionalEpsInNorm,
     FunctionalDropoutWithoutTraining,
+    RemovedLinalgFunction,
+    TorchSixImport,
+    LegacyAutogradFunction,
+    ZeroDimIndex,
+    VolatileVariable,
+    LegacyLossReduction,
 )
 
 

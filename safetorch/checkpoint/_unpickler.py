@@ -859,6 +859,25 @@ def zip_record_prefix(names: List[str]) -> str:
     return first.split("/", 1)[0] if "/" in first else ""
 
 
+class _SeekableView:
+    """A file object with read/seek/tell (all torch.load needs) seen through the full file API
+    that ``zipfile`` expects (``seekable()``)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.read = f.read
+        self.seek = f.seek
+        self.tell = f.tell
+
+    def seekable(self) -> bool:
+        return True
+
+
+def seekable(f: Any) -> Any:
+    """``f`` itself when it has ``seekable()``, else a view that adds it (for ``zipfile``)."""
+    return f if callable(getattr(f, "seekable", None)) else _SeekableView(f)
+
+
 def scan_file(source: Any, *, byte_budget: int = 1 << 30, seconds: float = 30.0) -> ScanResult:
     """Scan the pickle(s) of a ``torch.save`` file that torch itself would read.
 
@@ -879,7 +898,7 @@ def scan_file(source: Any, *, byte_budget: int = 1 << 30, seconds: float = 30.0)
         stream.seek(start)
         if head == ZIP_MAGIC:
             try:
-                with zipfile.ZipFile(stream) as archive:
+                with zipfile.ZipFile(seekable(stream)) as archive:
                     names = archive.namelist()
                     member = f"{zip_record_prefix(names)}/data.pkl"
                     if member not in names:

@@ -51,6 +51,7 @@ from safetorch.checkpoint.report import LoadReport
 from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
+    CheckpointFileObjectError,
     CheckpointMismatchError,
     CheckpointNotSeekableError,
     CheckpointWarning,
@@ -191,10 +192,18 @@ def _display(f: Any) -> str:
 def _check_file_argument(f: Any, function: str = "st.load") -> None:
     if _is_path(f):
         return
-    if not (callable(getattr(f, "read", None)) and callable(getattr(f, "seek", None))):
+    if not callable(getattr(f, "read", None)):
         raise TypeError(
             f"{function}: f must be a path (str or os.PathLike) or a binary file object with "
-            f"read() and seek(), got {type(f).__name__} {f!r:.80}"
+            f"read(), seek() and tell(), got {type(f).__name__} {f!r:.80}"
+        )
+    missing = [m for m in ("seek", "tell") if not callable(getattr(f, m, None))]
+    if missing:
+        raise CheckpointFileObjectError(
+            f"cannot load checkpoint {_display(f)}: the file object has no "
+            f"{' or '.join(m + '()' for m in missing)}. You can only torch.load from a file that "
+            "is seekable. Please pre-load the data into a buffer like io.BytesIO and try to "
+            "load from it instead."
         )
     seekable = getattr(f, "seekable", None)
     if callable(seekable) and not seekable():
@@ -254,7 +263,7 @@ def _zip_facts(f: Any) -> _ZipFacts:
 
     try:
         with contextlib.ExitStack() as stack:
-            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else f
+            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else _unpickler.seekable(f)
             start = fh.tell()
             stack.callback(fh.seek, start)
             archive = stack.enter_context(zipfile.ZipFile(fh))

@@ -327,13 +327,25 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
-def dcp_load(state_dict: Dict[str, Any], directory: str) -> None:
-    """``torch.distributed.checkpoint.load`` (in place) with the safe metadata reader."""
+def dcp_load(state_dict: Dict[str, Any], directory: str, planner: Any = None) -> None:
+    """``torch.distributed.checkpoint.load`` (in place) with the safe metadata reader.
+
+    torch 2.2+ has ``dcp.load``, which works without a process group; before it,
+    ``dcp.load_state_dict`` needs ``no_dist=True`` when no group is initialized.
+    """
     import torch.distributed.checkpoint as dcp
 
-    load = getattr(dcp, "load", None) or dcp.load_state_dict  # dcp.load: torch 2.2+
+    kwargs: Dict[str, Any] = {"storage_reader": _safe_reader(directory)}
+    if planner is not None:
+        kwargs["planner"] = planner
     with _single_process_quiet():
-        load(state_dict, storage_reader=_safe_reader(directory))
+        if hasattr(dcp, "load"):
+            dcp.load(state_dict, **kwargs)
+        else:
+            dist = torch.distributed
+            if not (dist.is_available() and dist.is_initialized()):
+                kwargs["no_dist"] = True
+            dcp.load_state_dict(state_dict, **kwargs)
 
 
 class DCPDirectory(Layout):
@@ -456,11 +468,7 @@ def dcp_to_object(directory: str) -> Any:
     flat: Dict[str, Any] = {}
     for key, value in dcp_dir.flat_meta().items():
         flat[key] = torch.empty(value.shape, dtype=value.dtype) if torch.is_tensor(value) else None
-    import torch.distributed.checkpoint as dcp
-
-    load = getattr(dcp, "load", None) or dcp.load_state_dict
-    with _single_process_quiet():
-        load(flat, storage_reader=_safe_reader(directory), planner=_SafePlanner.make())
+    dcp_load(flat, directory, planner=_SafePlanner.make())
     paths = getattr(dcp_dir.metadata, "planner_data", None) or {}
     if not paths:
         return nest_flat_keys(flat)
@@ -488,7 +496,9 @@ def save_dcp(obj: Mapping[str, Any], directory: str) -> None:
             if hasattr(dcp, "save"):  # torch 2.2+
                 dcp.save(dict(obj), checkpoint_id=tmp)
             else:
-                dcp.save_state_dict(dict(obj), storage_writer=dcp.FileSystemWriter(tmp))
+                dcp.save_state_dict(
+                    dict(obj), storage_writer=dcp.FileSystemWriter(tmp), no_dist=True
+                )
         os.replace(tmp, directory)
     finally:
         if os.path.isdir(tmp):

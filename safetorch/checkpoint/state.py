@@ -364,7 +364,6 @@ class _SafePlanner:
 
 
 def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -394,9 +393,7 @@ def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
             state[name] = torch.empty(size, dtype=torch.uint8)
             plan.append((name, obj, "blob"))
     state["__safetorch__"] = torch.empty(blob_meta.size, dtype=torch.uint8)
-    load = getattr(dcp, "load", None) or dcp.load_state_dict  # dcp.load: torch 2.2+
-    with layouts._single_process_quiet():
-        load(state, storage_reader=layouts._safe_reader(path), planner=_SafePlanner.make())
+    layouts.dcp_load(state, path, planner=_SafePlanner.make())
     for name, obj, kind in plan:
         if kind == "model":
             set_model_state_dict(obj, state[name])

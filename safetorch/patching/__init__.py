@@ -18,11 +18,22 @@ from typing import Iterator, List, Tuple
 from safetorch.patching import registry
 
 # Declarations, imported in the order `all` applies them and the report lists them.
-for _module in ("upsample", "load", "state_dict", "index", "pin_memory", "syncbn"):
+for _module in ("upsample", "load", "state_dict", "index", "pin_memory", "syncbn", "legacy"):
     importlib.import_module(f"safetorch.patching.{_module}")
 del _module
 
 __all__ = ["patch", "unpatch", "patched", "patches"]
+
+# Named or "all" only: no-name st.patch()/st.patched() leave these off (safetorch run turns
+# them on). `legacy` changes what legacy code computes, so a library user asks for it.
+_OPT_IN = frozenset(importlib.import_module("safetorch.patching.legacy").OPT_IN)
+
+
+def _default_names(names: Tuple[str, ...]) -> List[str]:
+    """What ``names`` resolve to, where no name means every patch but the opt-in ones."""
+    if any(names):
+        return registry.resolve_names(names, default_all=True)
+    return [n for n in registry.resolve_names((), default_all=True) if n not in _OPT_IN]
 
 
 def patch(*names: str) -> List[str]:
@@ -33,7 +44,8 @@ def patch(*names: str) -> List[str]:
 
     Args:
         *names: Patch names (see :func:`patches`), comma-separated strings allowed;
-            ``"all"`` or no name at all means every patch.
+            ``"all"`` means every patch; no name at all means every patch but ``legacy``
+            (which changes what legacy code computes: name it, or use ``"all"``).
 
     Returns:
         The names this call turned on (those already on are not listed).
@@ -50,7 +62,7 @@ def patch(*names: str) -> List[str]:
     >>> st.unpatch("upsample")
     ['upsample']
     """
-    return registry.enable(registry.resolve_names(names, default_all=True))
+    return registry.enable(_default_names(names))
 
 
 def unpatch(*names: str) -> List[str]:
@@ -88,7 +100,8 @@ def patched(*names: str) -> Iterator[None]:
     context (or an explicit :func:`patch`) holds it.
 
     Args:
-        *names: Patch names; ``"all"`` or no name at all means every patch.
+        *names: Patch names; ``"all"`` means every patch, no name every patch but
+            ``legacy``.
 
     Raises:
         ValueError: An unknown name.
@@ -101,7 +114,7 @@ def patched(*names: str) -> Iterator[None]:
     >>> hasattr(F.upsample_bilinear, "__wrapped__")
     False
     """
-    resolved = registry.resolve_names(names, default_all=True)
+    resolved = _default_names(names)
     registry.hold(resolved)
     try:
         yield
@@ -147,7 +160,7 @@ def patches() -> List[PatchInfo]:
 
     >>> import safetorch as st
     >>> [p.name for p in st.patches()]
-    ['upsample', 'load', 'state_dict', 'index', 'pin_memory', 'syncbn']
+    ['upsample', 'load', 'state_dict', 'index', 'pin_memory', 'syncbn', 'legacy']
     """
     return [
         PatchInfo(

@@ -53,6 +53,8 @@ def _run(args: argparse.Namespace) -> int:
         return _fail("run", f"missing {kind}; usage: safetorch run [OPTIONS] [-m] {kind} [ARGS...]")
     try:
         names = registry.resolve_names(args.patch or ["all"], default_all=True)
+        off = registry.resolve_names(args.no_patch or [], default_all=False)
+        names = [n for n in names if n not in off]
         allow = _allow_list(args.allow or [])
     except ValueError as exc:
         return _fail("run", str(exc))
@@ -142,6 +144,14 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="MODULE.NAME",
         help="a global that checkpoints loaded through torch.load may reference (repeatable; "
         "also SAFETORCH_ALLOW=a.B,c.D); only for files you trust to contain it",
+    )
+    run.add_argument(
+        "--no-patch",
+        action="append",
+        default=None,
+        metavar="NAMES",
+        help="patch names to leave off (repeatable, or comma-separated), e.g. "
+        "--no-patch legacy to run legacy-API calls as this torch does",
     )
     run.add_argument("--no-report", action="store_true", help="do not print the report")
     run.add_argument(

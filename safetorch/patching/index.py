@@ -15,7 +15,7 @@ any patch); any other indexing they do re-enters these wrappers, which then see
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -47,15 +47,53 @@ def _may_warn(index: Any) -> bool:
     return False
 
 
+# Set by the ``legacy`` patch while it is on: called with (x, args) when torch's indexing raised
+# IndexError; returns the legacy result (x[0] of a 0-dim tensor) or _UNHANDLED. The IndexError
+# path is the only place it is read, so indexing that succeeds pays nothing for it (a `try`
+# costs nothing in CPython >= 3.11 until something raises).
+_UNHANDLED = object()
+on_index_error: Optional[Callable[[Any, Tuple[Any, ...]], Any]] = None
+
+
+def _torch_getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    try:
+        return wrapped(*args, **kwargs)
+    except IndexError:
+        hook = on_index_error
+        if hook is None or kwargs:
+            raise
+        result = hook(instance, args)
+        if result is _UNHANDLED:
+            raise
+        return result
+
+
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    # The one wrapper of Tensor.__getitem__, shared by the `index` and `legacy` patches (either
+    # may have installed it, see _hand_over): bounds checks run only while `index` is on.
     # CPU first: `is_cpu` costs ~0.1 us where `device.type` costs ~0.7 us.
     if instance.is_cpu and _device.cpu_unchecked:
         if args and type(args[0]) is not int and _may_warn(args[0]):
             # torch's C++ warning would name this frame: re-attribute it to the caller.
             return registry.call_attributing_warnings(wrapped, *args, **kwargs)
-        return wrapped(*args, **kwargs)
-    if _unchecked(instance.device.type) or registry.nested(_NAME) or kwargs or len(args) != 1:
-        return wrapped(*args, **kwargs)
+        try:
+            return wrapped(*args, **kwargs)
+        except IndexError:
+            hook = on_index_error
+            if hook is None or kwargs:
+                raise
+            result = hook(instance, args)
+            if result is _UNHANDLED:
+                raise
+            return result
+    if (
+        _unchecked(instance.device.type)
+        or registry.nested(_NAME)
+        or kwargs
+        or len(args) != 1
+        or not registry.is_active(_NAME)
+    ):
+        return _torch_getitem(wrapped, instance, args, kwargs)
     if registry.compiling():  # a checked index syncs the host: not inside a graph
         return wrapped(*args, **kwargs)
     registry.record(_NAME, f"x[index] -> st.checked_index ({instance.device.type})")
@@ -107,6 +145,24 @@ def _select_like(op: str, label: str, extra: Tuple[str, ...]) -> Any:
     return wrapper
 
 
+GETITEM = registry.Target("torch", "Tensor.__getitem__", _getitem, attribute_warnings=False)
+
+
+def _hand_over(to: str) -> None:
+    """Leave the shared ``__getitem__`` wrapper in place, owned by patch ``to`` when it is on.
+
+    Both ``index`` and ``legacy`` declare :data:`GETITEM`; the registry applies a wrapper
+    once, so the second patch to turn on finds it installed and records nothing. When the
+    owner turns off while the other is still on, its record moves to the other patch before
+    the registry restores the owner's targets: the wrapper stays, and is restored exactly
+    when the last of the two turns off.
+    """
+    mine = next((k for k in registry._applied if k[1:] == (GETITEM.module, GETITEM.path)), None)
+    if mine is None or not registry.is_active(to):
+        return
+    registry._applied[(to, GETITEM.module, GETITEM.path)] = registry._applied.pop(mine)
+
+
 PATCH = registry.declare(
     registry.Patch(
         name=_NAME,
@@ -115,7 +171,7 @@ PATCH = registry.declare(
             "(CUDA, ROCm, MPS, ...); CPU calls torch at once"
         ),
         targets=(
-            registry.Target("torch", "Tensor.__getitem__", _getitem, attribute_warnings=False),
+            GETITEM,
             registry.Target(
                 "torch",
                 "Tensor.index_select",
@@ -142,5 +198,6 @@ PATCH = registry.declare(
             ),
         ),
         implementation=("safetorch.tensor", "checked_index"),
+        on_disable=lambda: _hand_over("legacy"),
     )
 )

@@ -37,6 +37,17 @@ PUBLIC_SAFETORCH_NAMES = {
     "st.PinnedBatch",
     "st.lint_model",
     "st.check_loader",
+    "st.legacy",
+    "st.legacy.six",
+    "st.legacy.legacy_function",
+    "st.legacy.zero_dim_index",
+    "st.legacy.volatile",
+    "st.legacy.reduction",
+    "st.legacy.solve",
+    "st.legacy.lstsq",
+    "st.legacy.eig",
+    "st.legacy.symeig",
+    "st.legacy.matrix_rank",
 }
 
 
@@ -211,9 +222,18 @@ def test_state_dict_rule_needs_the_wrapper() -> None:
     assert codes(src) == []
 
 
+def test_public_safetorch_names_resolve() -> None:
+    import functools
+
+    import safetorch as st
+
+    for name in PUBLIC_SAFETORCH_NAMES:
+        assert functools.reduce(getattr, name.split(".")[1:], st) is not None, name
+
+
 def test_rule_table_covers_every_rule() -> None:
     assert list(RULE_TABLE) == ["ST000"] + [r.code for r in RULES]
-    assert len(set(RULE_TABLE)) == len(RULE_TABLE) == 17
+    assert len(set(RULE_TABLE)) == len(RULE_TABLE) == 23
     for code, info in RULE_TABLE.items():
         assert re.fullmatch(r"ST\d{3}", code)
         assert info.pitfall and info.name

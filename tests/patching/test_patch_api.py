@@ -18,7 +18,8 @@ import safetorch as st
 from safetorch.errors import SafetorchWarning
 from safetorch.patching import registry
 
-NAMES = ["upsample", "load", "state_dict", "index", "pin_memory", "syncbn"]
+NAMES = ["upsample", "load", "state_dict", "index", "pin_memory", "syncbn", "legacy"]
+DEFAULT = [n for n in NAMES if n != "legacy"]  # legacy is opt-in for st.patch()
 
 
 def _touched() -> List[Any]:
@@ -62,10 +63,10 @@ def test_all_patch_unpatch_restores_identity_and_vars() -> None:
     before = _snapshot()
     originals = (F.upsample, torch.load, torch.nn.Module.load_state_dict)
     assert "__getitem__" not in vars(torch.Tensor)  # inherited from TensorBase
-    assert st.patch() == NAMES
+    assert st.patch() == DEFAULT
     assert isinstance(F.upsample, wrapt.FunctionWrapper)
     assert "__getitem__" in vars(torch.Tensor)
-    assert st.unpatch() == NAMES
+    assert st.unpatch() == DEFAULT
     assert (F.upsample, torch.load, torch.nn.Module.load_state_dict) == originals
     assert F.upsample is originals[0] and torch.load is originals[1]
     assert "__getitem__" not in vars(torch.Tensor)  # deleted, not set to the original

@@ -1,0 +1,630 @@
+"""APIs that newer torch removed or changed, as the last torch release that had them defined them.
+
+Legacy (PyTorch 0.4 - 1.x) code fails on torch 2.x for reasons that have nothing to do with
+what it computes: ``from torch._six import string_classes`` is gone, ``torch.solve(B, A)`` and
+its siblings raise "deprecated since version 1.9 and is now removed", a legacy autograd
+Function (instance ``forward``/``backward``) raises, ``loss.data[0]`` raises an IndexError,
+and ``Variable(x, volatile=True)`` silently builds a graph. This module is the one
+implementation of each old meaning, built on the modern API; the ``legacy`` patch family
+(``st.patch("legacy")``, on in ``safetorch run``) routes the old entry points here and
+``safetorch check`` (ST017-ST024) rewrites call sites into the modern spelling.
+
+Semantics are taken from torch's own documentation and sources of the releases that still
+had each API (``torch/_torch_docs.py`` of the 1.x series for ``solve``, ``eig``, ``lstsq``,
+``symeig``; ``aten/src/ATen/native/LinearAlgebra.cpp`` for ``matrix_rank``; ``torch/_six.py``
+of 1.5; ``python_variable_indexing.cpp`` of 0.4 for indexing a 0-dim tensor;
+``torch/nn/_reduction.py`` for ``size_average``/``reduce``).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import inspect
+import io
+import math
+import queue
+import sys
+import types
+import warnings
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from safetorch._stack import user_stacklevel
+from safetorch.errors import PatchWarning
+
+__all__ = [
+    "solve",
+    "symeig",
+    "eig",
+    "lstsq",
+    "matrix_rank",
+    "six",
+    "SIX_MODERN",
+    "legacy_function",
+    "is_legacy_function",
+    "volatile",
+    "VolatileTensor",
+    "zero_dim_index",
+    "reduction",
+    "SolveResult",
+    "SymeigResult",
+    "EigResult",
+    "LstsqResult",
+]
+
+
+# --- results -------------------------------------------------------------------------------
+class SolveResult(NamedTuple):
+    """``torch.solve``'s namedtuple: ``(solution, LU)``."""
+
+    solution: torch.Tensor
+    LU: torch.Tensor
+
+
+class SymeigResult(NamedTuple):
+    """``torch.symeig``'s namedtuple: ``(eigenvalues, eigenvectors)``."""
+
+    eigenvalues: torch.Tensor
+    eigenvectors: torch.Tensor
+
+
+class EigResult(NamedTuple):
+    """``torch.eig``'s namedtuple: ``(eigenvalues, eigenvectors)``, both real."""
+
+    eigenvalues: torch.Tensor
+    eigenvectors: torch.Tensor
+
+
+class LstsqResult(NamedTuple):
+    """``torch.lstsq``'s namedtuple: ``(solution, QR)``."""
+
+    solution: torch.Tensor
+    QR: torch.Tensor
+
+
+def _write_out(out: Optional[Sequence[torch.Tensor]], result: Tuple[torch.Tensor, ...]) -> Any:
+    """Copy ``result`` into the caller's ``out=`` tensors (resized), as torch's out= did."""
+    if out is None:
+        return result
+    if len(out) != len(result):
+        raise TypeError(f"out= expects {len(result)} tensors, got {len(out)}")
+    for dst, src in zip(out, result):
+        dst.resize_(src.shape).copy_(src)
+    return type(result)(*out)
+
+
+def _matrix(name: str, x: Any, what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}(): {what} must be a Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise RuntimeError(
+            f"{name}(): {what} must have at least 2 dimensions (got shape {tuple(x.shape)}); "
+            "add a trailing dimension with .unsqueeze(-1)"
+        )
+
+
+# --- torch.solve -----------------------------------------------------------------------------
+def solve(input: torch.Tensor, A: torch.Tensor, *, out: Any = None) -> SolveResult:
+    """``torch.solve(B, A)`` of torch 1.x: solve ``A X = B``; returns ``(solution, LU)``.
+
+    Note the argument order: the right-hand side ``B`` comes first (``torch.linalg.solve``
+    takes ``(A, B)``). Batch dimensions broadcast; ``LU`` is the packed LU factorization of
+    ``A`` (broadcast to the batch shape), as LAPACK ``getrf`` returns it.
+
+    Args:
+        input: ``B``, shape ``(*, m, k)``.
+        A: square matrices ``(*, m, m)``.
+        out: Optional ``(solution, LU)`` tensors to write into.
+
+    Returns:
+        ``SolveResult(solution, LU)``.
+
+    Raises:
+        RuntimeError: ``B`` or ``A`` has fewer than 2 dimensions, or ``A`` is singular.
+
+    >>> import torch, safetorch as st
+    >>> A = torch.tensor([[2., 0.], [0., 4.]]); B = torch.tensor([[2.], [8.]])
+    >>> st.legacy.solve(B, A).solution
+    tensor([[1.],
+            [2.]])
+    """
+    _matrix("solve", input, "input (B)")
+    _matrix("solve", A, "A")
+    batch = torch.broadcast_shapes(input.shape[:-2], A.shape[:-2])
+    A_b = A.expand(*batch, *A.shape[-2:])
+    B_b = input.expand(*batch, *input.shape[-2:])
+    LU, pivots, info = torch.linalg.lu_factor_ex(A_b)
+    if bool((info > 0).any()):
+        raise RuntimeError(
+            "solve: U(i,i) is zero, singular U (A is singular); check A, or use "
+            "torch.linalg.lstsq for a least-squares solution"
+        )
+    solution = torch.linalg.lu_solve(LU, pivots, B_b)
+    return _write_out(out, SolveResult(solution, LU))  # type: ignore[no-any-return]
+
+
+# --- torch.symeig ----------------------------------------------------------------------------
+def symeig(
+    input: torch.Tensor, eigenvectors: bool = False, upper: bool = True, *, out: Any = None
+) -> SymeigResult:
+    """``torch.symeig`` of torch 1.x: eigenvalues (ascending) and, if asked, eigenvectors.
+
+    Only one triangle of ``input`` is read: the upper one by default (``upper=True``), as
+    ``torch.linalg.eigh(UPLO="U")``. With ``eigenvectors=False`` (the default) the
+    eigenvectors are an empty tensor, as torch 1.x returned them.
+
+    Args:
+        input: Symmetric (Hermitian) matrices ``(*, n, n)``.
+        eigenvectors: Also compute the eigenvectors.
+        upper: Read the upper triangle (else the lower one).
+        out: Optional ``(eigenvalues, eigenvectors)`` tensors to write into.
+
+    Returns:
+        ``SymeigResult(eigenvalues, eigenvectors)``.
+
+    >>> import torch, safetorch as st
+    >>> st.legacy.symeig(torch.tensor([[2., 1.], [1., 2.]]))
+    SymeigResult(eigenvalues=tensor([1., 3.]), eigenvectors=tensor([]))
+    """
+    _matrix("symeig", input, "input")
+    uplo = "U" if upper else "L"
+    if eigenvectors:
+        values, vectors = torch.linalg.eigh(input, UPLO=uplo)
+    else:
+        values = torch.linalg.eigvalsh(input, UPLO=uplo)
+        vectors = input.new_empty(0)
+    return _write_out(out, SymeigResult(values, vectors))  # type: ignore[no-any-return]
+
+
+# --- torch.eig -------------------------------------------------------------------------------
+def eig(input: torch.Tensor, eigenvectors: bool = False, *, out: Any = None) -> EigResult:
+    """``torch.eig`` of torch 1.x: eigenvalues as ``(n, 2)`` (real, imaginary) rows.
+
+    ``eigenvectors`` (an empty tensor unless asked for) is real ``(n, n)`` in LAPACK
+    ``geev``'s packed form: column ``j`` of a real eigenvalue is its eigenvector; for a
+    complex conjugate pair ``j, j + 1`` (positive imaginary part first) the eigenvectors
+    are ``v[:, j] + i v[:, j + 1]`` and ``v[:, j] - i v[:, j + 1]``. Computed with
+    ``torch.linalg.eig``, which calls the same ``geev`` and unpacks it.
+
+    Args:
+        input: A real square matrix ``(n, n)`` (no batches, as in torch 1.x).
+        eigenvectors: Also compute the eigenvectors.
+        out: Optional ``(eigenvalues, eigenvectors)`` tensors to write into.
+
+    Returns:
+        ``EigResult(eigenvalues, eigenvectors)``.
+
+    Raises:
+        RuntimeError: ``input`` is not a real 2-D square matrix.
+
+    >>> import torch, safetorch as st
+    >>> st.legacy.eig(torch.tensor([[0., -1.], [1., 0.]])).eigenvalues
+    tensor([[ 0.,  1.],
+            [ 0., -1.]])
+    """
+    if not isinstance(input, torch.Tensor) or input.dim() != 2 or input.is_complex():
+        raise RuntimeError(
+            "eig: expected a real 2-D square matrix (torch 1.x's torch.eig took no batches "
+            "and no complex input); use torch.linalg.eig for those"
+        )
+    if eigenvectors:
+        w, v = torch.linalg.eig(input)
+        packed = v.real.clone()
+        # geev stores a pair's vector once: real part in column j, imaginary part in j + 1.
+        for j in torch.nonzero(w.imag > 0).flatten().tolist():
+            packed[:, j + 1] = v[:, j].imag
+    else:
+        w = torch.linalg.eigvals(input)
+        packed = input.new_empty(0)
+    values = torch.view_as_real(w).to(input.dtype)
+    return _write_out(out, EigResult(values, packed))  # type: ignore[no-any-return]
+
+
+# --- torch.lstsq -----------------------------------------------------------------------------
+def _zero_diagonal(R: torch.Tensor) -> None:
+    zero = torch.nonzero(torch.diagonal(R) == 0).flatten().tolist()
+    if zero:
+        raise RuntimeError(
+            f"Lapack Error in gels : The {zero[0] + 1}-th diagonal element of the triangular "
+            "factor of A is zero (A is rank deficient); use torch.linalg.lstsq(A, B, "
+            "driver='gelsd') for a rank-deficient least-squares solution"
+        )
+
+
+def lstsq(input: torch.Tensor, A: torch.Tensor, *, out: Any = None) -> LstsqResult:
+    """``torch.lstsq(B, A)`` of torch 1.x (LAPACK ``gels``): least squares / least norm.
+
+    For ``A`` of shape ``(m, n)`` and ``B`` of shape ``(m, k)`` the solution has shape
+    ``(max(m, n), k)``: its first ``n`` rows solve the problem, and when ``m > n`` the
+    remaining ``m - n`` rows hold the residuals (their squares sum to the residual sum of
+    squares of each column). ``QR`` is ``gels``'s factorization of ``A`` (``geqrf``'s
+    output for ``m >= n``; the LQ form of ``gelqf`` for ``m < n``). ``A`` must have full
+    rank: an exactly zero diagonal element of the triangular factor raises, as ``gels`` did.
+    A 1-D ``B`` is one column. Same algorithm as ``gels``: QR (LQ), apply ``Q``, one
+    triangular solve.
+
+    Args:
+        input: ``B``, shape ``(m, k)`` or ``(m,)``.
+        A: ``(m, n)``.
+        out: Optional ``(solution, QR)`` tensors to write into.
+
+    Returns:
+        ``LstsqResult(solution, QR)``.
+
+    Raises:
+        RuntimeError: Not 2-D matrices, or ``A`` rank deficient.
+
+    >>> import torch, safetorch as st
+    >>> A = torch.tensor([[1., 0.], [0., 1.], [0., 0.]]); B = torch.tensor([[1.], [2.], [3.]])
+    >>> st.legacy.lstsq(B, A).solution  # rows 0-1: solution, row 2: residual
+    tensor([[1.],
+            [2.],
+            [3.]])
+    """
+    if not isinstance(A, torch.Tensor) or A.dim() != 2:
+        raise RuntimeError("lstsq: A must be a 2-D matrix (torch 1.x's lstsq took no batches)")
+    B = input.unsqueeze(-1) if isinstance(input, torch.Tensor) and input.dim() == 1 else input
+    if not isinstance(B, torch.Tensor) or B.dim() != 2 or B.shape[0] != A.shape[0]:
+        raise RuntimeError(
+            f"lstsq: B must be (m, k) with m = A.size(0) = {A.shape[0]}, "
+            f"got {tuple(getattr(input, 'shape', ()))}"
+        )
+    m, n = A.shape
+    k = B.shape[1]
+    if m >= n:
+        a, tau = torch.geqrf(A)
+        R = a[:n, :n].triu()
+        _zero_diagonal(R)
+        qtb = torch.ormqr(a, tau, B, left=True, transpose=True)  # Q^T B
+        x = torch.linalg.solve_triangular(R, qtb[:n], upper=True)
+        solution = torch.cat([x, qtb[n:]], dim=0)
+        qr = a
+    else:
+        # gelqf(A) is geqrf(A^T) transposed: A = L Q with L = R^T.
+        a, tau = torch.geqrf(A.mT)
+        R = a[:m, :m].triu()
+        _zero_diagonal(R)
+        y = torch.linalg.solve_triangular(R.mT, B, upper=False)
+        padded = torch.cat([y, B.new_zeros(n - m, k)], dim=0)
+        solution = torch.ormqr(a, tau, padded, left=True, transpose=False)
+        qr = a.mT
+    return _write_out(out, LstsqResult(solution, qr))  # type: ignore[no-any-return]
+
+
+# --- torch.matrix_rank -----------------------------------------------------------------------
+def matrix_rank(
+    input: torch.Tensor, tol: Optional[float] = None, symmetric: bool = False, *, out: Any = None
+) -> torch.Tensor:
+    """``torch.matrix_rank`` of torch 1.x: how many singular values exceed ``tol``.
+
+    ``tol`` is absolute; by default ``S.max() * max(m, n) * eps`` for the dtype. With
+    ``symmetric=True`` the absolute eigenvalues of the *upper* triangle (``symeig``'s
+    default) replace the singular values.
+
+    Args:
+        input: A 2-D floating point matrix.
+        tol: Values ``<= tol`` count as zero.
+        symmetric: ``input`` is symmetric: use eigenvalues.
+        out: Optional 0-dim int64 tensor to write into.
+
+    Returns:
+        The rank, a 0-dim ``int64`` tensor.
+
+    Raises:
+        RuntimeError: ``input`` is not a 2-D floating point matrix.
+
+    >>> import torch, safetorch as st
+    >>> st.legacy.matrix_rank(torch.eye(3))
+    tensor(3)
+    """
+    if not isinstance(input, torch.Tensor) or input.dim() != 2 or not input.is_floating_point():
+        raise RuntimeError("matrix_rank: expected a 2-D tensor of floating types")
+    if symmetric:
+        S = torch.linalg.eigvalsh(input, UPLO="U").abs()
+    else:
+        S = torch.linalg.svdvals(input)
+    if tol is None:
+        eps = torch.finfo(input.dtype).eps
+        rank = (S > S.max() * (eps * max(input.shape))).sum()
+    else:
+        rank = (S > tol).sum()
+    if out is not None:
+        out.resize_(rank.shape).copy_(rank)
+        return out
+    return rank
+
+
+# --- torch._six ------------------------------------------------------------------------------
+def _with_metaclass(meta: type, *bases: type) -> type:
+    """Create a base class with a metaclass (torch._six.with_metaclass)."""
+
+    class metaclass(meta):  # type: ignore[misc, valid-type]
+        def __new__(cls, name: str, this_bases: Any, d: Dict[str, Any]) -> Any:
+            return meta(name, bases, d)
+
+    return type.__new__(metaclass, "temporary_class", (), {})
+
+
+def _raise_from(value: BaseException, from_value: Optional[BaseException]) -> None:
+    raise value from from_value
+
+
+def _istuple(obj: Any) -> bool:
+    t = type(obj)
+    return isinstance(obj, tuple) or t.__module__ == "torch.return_types"
+
+
+def _bind_method(fn: Callable[..., Any], obj: Any, obj_type: Any) -> Any:
+    return types.MethodType(fn, obj)
+
+
+# The Python 3 values of torch/_six.py's names (torch 1.5 lists the most; 1.13 kept inf, nan,
+# string_classes, PY37 and with_metaclass) and their modern spelling, for the report and
+# the rule.
+SIX_MODERN: Dict[str, str] = {
+    "PY2": "False",
+    "PY3": "True",
+    "PY37": "sys.version_info >= (3, 7)",
+    "inf": "math.inf",
+    "nan": "math.nan",
+    "string_classes": "(str, bytes)",
+    "int_classes": "int",
+    "container_abcs": "collections.abc",
+    "FileNotFoundError": "FileNotFoundError",
+    "queue": "queue",
+    "builtins": "builtins",
+    "with_metaclass": "class C(Base, metaclass=Meta)",
+    "imap": "map",
+    "exec_": "exec",
+    "raise_from": "raise value from from_value",
+    "get_function_from_type": "getattr(cls, name, None)",
+    "StringIO": "io.StringIO",
+    "istuple": "isinstance(obj, tuple)",
+    "bind_method": "types.MethodType(fn, obj)",
+}
+
+six = types.ModuleType(
+    "torch._six",
+    "torch._six as torch 1.x had it on Python 3 (removed in torch 2.0); see SIX_MODERN.",
+)
+"""``torch._six`` of torch 1.x (Python 3 values), a module ``st.patch("legacy")`` installs.
+
+>>> import safetorch as st
+>>> st.legacy.six.string_classes, st.legacy.six.int_classes
+((<class 'str'>, <class 'bytes'>), <class 'int'>)
+"""
+import builtins as _builtins  # noqa: E402
+
+six.__dict__.update(
+    PY2=False,
+    PY3=True,
+    PY37=sys.version_info >= (3, 7),
+    inf=math.inf,
+    nan=math.nan,
+    string_classes=(str, bytes),
+    int_classes=int,
+    container_abcs=collections.abc,
+    FileNotFoundError=FileNotFoundError,
+    queue=queue,
+    builtins=_builtins,
+    with_metaclass=_with_metaclass,
+    imap=map,
+    exec_=_builtins.exec,
+    raise_from=_raise_from,
+    get_function_from_type=lambda cls, name: getattr(cls, name, None),
+    StringIO=io.StringIO,
+    istuple=_istuple,
+    bind_method=_bind_method,
+)
+assert set(SIX_MODERN) == {n for n in vars(six) if not n.startswith("__")}
+
+
+# --- legacy autograd Function ----------------------------------------------------------------
+_FunctionBase = torch.autograd.Function
+
+
+def is_legacy_function(fn: Any) -> bool:
+    """Whether ``fn`` (a Function instance or class) defines ``forward`` as an instance method.
+
+    >>> import torch, safetorch as st
+    >>> class Double(torch.autograd.Function):
+    ...     def forward(self, x): return 2 * x
+    ...     def backward(self, g): return 2 * g
+    >>> st.legacy.is_legacy_function(Double)
+    True
+    """
+    cls = fn if isinstance(fn, type) else type(fn)
+    if not (isinstance(cls, type) and issubclass(cls, _FunctionBase)):
+        return False
+    forward = inspect.getattr_static(cls, "forward", None)
+    return inspect.isfunction(forward) and forward is not inspect.getattr_static(
+        _FunctionBase, "forward", None
+    )
+
+
+# Attributes of the legacy object that, inside forward/backward, mean the new-style ctx.
+_CTX_ATTRS = frozenset(
+    {
+        "save_for_backward",
+        "saved_tensors",
+        "saved_variables",
+        "mark_dirty",
+        "mark_non_differentiable",
+        "mark_shared_storage",
+        "set_materialize_grads",
+    }
+)
+
+
+class _LegacySelf:
+    """``self`` inside a legacy forward/backward: the instance, with ctx methods on the ctx."""
+
+    __slots__ = ("_legacy", "_ctx")
+
+    def __init__(self, legacy: Any, ctx: Any) -> None:
+        object.__setattr__(self, "_legacy", legacy)
+        object.__setattr__(self, "_ctx", ctx)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _CTX_ATTRS:
+            return getattr(self._ctx, "saved_tensors" if name == "saved_variables" else name)
+        if name == "needs_input_grad":
+            return self._ctx.needs_input_grad[1:]  # slot 0 is the legacy object
+        static = inspect.getattr_static(type(self._legacy), name, None)
+        if inspect.isfunction(static) and name not in vars(self._legacy):
+            return types.MethodType(static, self)  # helper methods see this self too
+        return getattr(self._legacy, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._legacy, name, value)  # kept from forward to backward, as before
+
+
+class _LegacyAdapter(torch.autograd.Function):
+    """The generated new-style Function: forward/backward call the legacy instance's."""
+
+    @staticmethod
+    def forward(ctx: Any, legacy: Any, *args: Any) -> Any:  # type: ignore[override]
+        ctx.legacy = legacy
+        return type(legacy).forward(_LegacySelf(legacy, ctx), *args)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+        result = type(ctx.legacy).backward(_LegacySelf(ctx.legacy, ctx), *grads)
+        if not isinstance(result, tuple):
+            result = (result,)
+        return (None, *result)
+
+
+def legacy_function(fn: Any, *args: Any) -> Any:
+    """Call a legacy autograd Function instance (``MyFn()(x)``) as torch 0.4-1.4 did.
+
+    ``forward`` and ``backward`` are the instance's own methods; they run inside a
+    generated new-style Function, with ``self.save_for_backward``, ``self.saved_tensors``,
+    ``self.mark_dirty``, ``self.mark_non_differentiable`` and ``self.needs_input_grad``
+    meaning the new-style ``ctx``'s, and other attributes set on ``self`` in forward
+    visible in backward. Gradients are exactly what the legacy ``backward`` returns.
+
+    Args:
+        fn: An instance of a Function subclass with instance ``forward``/``backward``.
+        *args: The inputs.
+
+    Returns:
+        ``forward``'s output, connected to the graph.
+
+    Raises:
+        TypeError: ``fn`` is not a legacy Function instance.
+
+    >>> import torch, safetorch as st
+    >>> class Double(torch.autograd.Function):
+    ...     def forward(self, x): return 2 * x
+    ...     def backward(self, g): return 2 * g
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> st.legacy.legacy_function(Double.__new__(Double), x).sum().backward(); x.grad
+    tensor([2., 2.])
+    """
+    if isinstance(fn, type) or not is_legacy_function(fn):
+        raise TypeError(
+            f"legacy_function expects an instance of an autograd.Function subclass with "
+            f"instance forward/backward, got {fn!r}; call new-style Functions as Fn.apply(...)"
+        )
+    return _LegacyAdapter.apply(fn, *args)
+
+
+# --- Variable(..., volatile=True) ------------------------------------------------------------
+class VolatileTensor(torch.Tensor):
+    """A tensor marked ``volatile`` as in torch <= 0.3: every result computed from it is
+    computed under ``torch.no_grad()`` and is volatile too, so no graph is recorded.
+
+    >>> import torch, safetorch as st
+    >>> w = torch.ones(2, requires_grad=True)
+    >>> y = st.legacy.volatile(torch.ones(2)) * w
+    >>> y.requires_grad, y.volatile
+    (False, True)
+    """
+
+    volatile = True
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Optional[Dict] = None
+    ) -> Any:
+        with torch.no_grad():
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def volatile(data: torch.Tensor) -> VolatileTensor:
+    """``Variable(data, volatile=True)`` as its authors meant it: no graph from here on.
+
+    Returns ``data`` (sharing memory, no history) as a :class:`VolatileTensor`: results
+    of any torch operation on it (modules included) are computed under ``torch.no_grad()``
+    and are volatile themselves, which is what ``volatile=True`` meant up to torch 0.3
+    ("volatile is infectious"). The modern spelling is ``with torch.no_grad():``.
+
+    Args:
+        data: The tensor to wrap.
+
+    Returns:
+        The volatile tensor.
+
+    >>> import torch, safetorch as st
+    >>> model = torch.nn.Linear(2, 1)
+    >>> model(st.legacy.volatile(torch.ones(1, 2))).grad_fn is None
+    True
+    """
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"volatile() expects a Tensor, got {type(data).__name__}")
+    return data.detach().as_subclass(VolatileTensor)  # type: ignore[return-value]
+
+
+# --- x[0] of a 0-dim tensor ------------------------------------------------------------------
+def zero_dim_index(x: torch.Tensor, index: Any) -> torch.Tensor:
+    """``x[index]``, where ``x[0]`` of a 0-dim tensor is ``x`` itself, as torch 0.4 did.
+
+    torch 0.4 returned an alias of the 0-dim tensor for index ``0`` (the value that
+    ``loss.data[0]`` meant) with a warning, and torch 0.5+ raises ``IndexError``. This
+    returns the alias with a :class:`~safetorch.errors.PatchWarning` at the caller's line
+    naming ``.item()``; every other index is torch's own ``x[index]``.
+
+    Args:
+        x: A tensor.
+        index: The index.
+
+    Returns:
+        ``x[index]``.
+
+    >>> import torch, warnings, safetorch as st
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     st.legacy.zero_dim_index(torch.tensor(2.5), 0)
+    tensor(2.5000)
+    """
+    if type(index) is int and index == 0 and x.dim() == 0:
+        warnings.warn(
+            "x[0] of a 0-dim tensor (loss.data[0]) returns the tensor itself, as torch 0.4 "
+            "did; use x.item() for the Python number (safetorch check --fix rewrites it)",
+            PatchWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return torch.ops.aten.alias(x)
+    return x[index]  # type: ignore[no-any-return]
+
+
+# --- size_average / reduce -------------------------------------------------------------------
+def reduction(size_average: Optional[bool] = None, reduce: Optional[bool] = None) -> str:
+    """The ``reduction=`` string that legacy ``size_average=``/``reduce=`` arguments mean.
+
+    ``None`` counts as ``True``; ``reduce=False`` wins (``"none"``), then
+    ``size_average=False`` gives ``"sum"``, else ``"mean"`` (torch/nn/_reduction.py).
+
+    >>> import safetorch as st
+    >>> st.legacy.reduction(size_average=False), st.legacy.reduction(reduce=False)
+    ('sum', 'none')
+    """
+    if size_average is None:
+        size_average = True
+    if reduce is None:
+        reduce = True
+    if size_average and reduce:
+        return "mean"
+    return "sum" if reduce else "none"

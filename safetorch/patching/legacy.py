@@ -1,0 +1,193 @@
+"""Patch ``legacy``: APIs newer torch removed or changed -> their old meaning in st.legacy.
+
+Each shim fills a gap only where ``_compat`` reports one on the running torch (a torch that
+still has a working ``torch.solve`` keeps it): ``torch._six`` (a module installed while the
+patch is on), ``torch.solve/lstsq/eig/symeig/matrix_rank`` and their Tensor methods, a legacy
+autograd Function called as ``Fn()(x)``, ``Variable(x, volatile=True)``, ``x[0]`` of a 0-dim
+tensor (through the ``Tensor.__getitem__`` wrapper shared with the ``index`` patch) and the
+``size_average=``/``reduce=`` loss arguments (mapped without the warning). Every changed call
+is recorded with its modern spelling, which ``safetorch check --fix`` writes.
+
+Off in ``st.patch()`` unless named (or ``"all"``); on in ``safetorch run``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+
+from safetorch import _compat
+from safetorch import legacy as _impl
+from safetorch.patching import index as _index
+from safetorch.patching import registry
+
+__all__: List[str] = []
+
+_NAME = "legacy"
+
+# torch function -> (safetorch implementation, modern spelling, _compat flag: torch has it)
+_LINALG: Dict[str, Tuple[Callable[..., Any], str, str]] = {
+    "solve": (_impl.solve, "torch.linalg.solve(A, B) (arguments swapped)", "HAS_TORCH_SOLVE"),
+    "lstsq": (_impl.lstsq, "torch.linalg.lstsq(A, B).solution", "HAS_TORCH_LSTSQ"),
+    "eig": (_impl.eig, "torch.linalg.eig(A) (complex results)", "HAS_TORCH_EIG"),
+    "symeig": (_impl.symeig, "torch.linalg.eigh / eigvalsh(A, UPLO='U')", "HAS_TORCH_SYMEIG"),
+    "matrix_rank": (
+        _impl.matrix_rank,
+        "torch.linalg.matrix_rank(A, atol=tol, rtol=0, hermitian=symmetric)",
+        "HAS_TORCH_MATRIX_RANK",
+    ),
+}
+
+# Which shims are needed on this torch; rebound when tests simulate another torch.
+_needed: Dict[str, bool] = {}
+
+
+@_compat.register_binder
+def _bind() -> None:
+    for name, (_, _, flag) in _LINALG.items():
+        _needed[name] = not getattr(_compat, flag)
+    _needed["_six"] = not _compat.HAS_TORCH_SIX
+    _needed["function"] = _compat.LEGACY_FUNCTION_RAISES
+    _needed["volatile"] = _compat.VOLATILE_IS_NOOP
+    _needed["index"] = _compat.ZERO_DIM_INDEX_RAISES
+    _needed["reduction"] = _compat.HAS_LEGACY_REDUCTION
+
+
+def _record(kind: str, detail: str) -> None:
+    """Record one shimmed call under its own call site, so the report lists every site to
+    migrate (``safetorch check --fix`` rewrites them) rather than only the first one."""
+    site = registry.call_site(2)
+    path, _, line = site.rpartition(":")
+    registry.record(_NAME, f"{kind}  [{os.path.basename(path)}:{line}]", detail)
+
+
+def _linalg(name: str, method: bool) -> registry.WrapperFn:
+    impl, modern, _ = _LINALG[name]
+    kind = f"{'x.' if method else 'torch.'}{name} -> {modern}"
+
+    def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+        if not _needed[name]:
+            return wrapped(*args, **kwargs)
+        _record(kind, f"st.legacy.{name}: torch 1.x semantics")
+        if instance is not None:
+            args = (instance, *args)
+        return impl(*args, **kwargs)
+
+    return wrapper
+
+
+def _function_call(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    if not _needed["function"] or kwargs or not _impl.is_legacy_function(instance):
+        return wrapped(*args, **kwargs)
+    _record(
+        "LegacyFn()(x) -> new-style Function (static forward(ctx, ...), called as Fn.apply(x))",
+        "st.legacy.legacy_function",
+    )
+    return _impl.legacy_function(instance, *args)
+
+
+def _function_init(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    # torch warns that Function instances are deprecated; a legacy Function must be one.
+    if _needed["function"] and _impl.is_legacy_function(instance):
+        return None
+    return wrapped(*args, **kwargs)
+
+
+def _variable(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    volatile = kwargs.get("volatile", args[2] if len(args) > 2 else False)
+    if not (_needed["volatile"] and volatile):
+        return wrapped(*args, **kwargs)
+    data = args[0] if args else kwargs.get("data")
+    _record("Variable(x, volatile=True) -> with torch.no_grad():", "st.legacy.volatile")
+    return _impl.volatile(data)  # type: ignore[arg-type]  # torch's own error for None
+
+
+def _zero_dim(x: Any, args: Tuple[Any, ...]) -> Any:
+    if len(args) != 1 or type(args[0]) is not int or args[0] != 0 or x.dim() != 0:
+        return _index._UNHANDLED
+    _record("x[0] of a 0-dim tensor -> x.item()", "st.legacy.zero_dim_index")
+    return _impl.zero_dim_index(x, 0)
+
+
+def _reduction(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    if not _needed["reduction"]:
+        return wrapped(*args, **kwargs)
+    size_average = args[0] if args else kwargs.get("size_average")
+    reduce = args[1] if len(args) > 1 else kwargs.get("reduce")
+    result = _impl.reduction(size_average, reduce)
+    _record(f"size_average=/reduce= -> reduction={result!r}", "no warning")
+    return result
+
+
+# --- torch._six: a module, installed while the patch is on -----------------------------------
+class _SixModule(type(sys)):  # type: ignore[misc]
+    """``torch._six`` whose attribute reads are recorded with their modern spelling."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name not in _impl.SIX_MODERN:
+            raise AttributeError(f"module 'torch._six' has no attribute {name!r}")
+        _record(f"torch._six.{name} -> {_impl.SIX_MODERN[name]}", "st.legacy.six")
+        return getattr(_impl.six, name)
+
+
+_six_module = _SixModule("torch._six", _impl.six.__doc__)
+
+
+def _install_six() -> None:
+    if not _needed["_six"] or "torch._six" in sys.modules:
+        return
+    sys.modules["torch._six"] = _six_module
+    torch._six = _six_module  # type: ignore[attr-defined]  # `import torch._six` reads it
+
+
+def _remove_six() -> None:
+    if sys.modules.get("torch._six") is _six_module:
+        del sys.modules["torch._six"]
+    if vars(torch).get("_six") is _six_module:
+        del torch._six  # type: ignore[attr-defined]
+
+
+def _on_enable() -> None:
+    _install_six()
+    _index.on_index_error = _zero_dim if _needed["index"] else None
+
+
+def _on_disable() -> None:
+    _index.on_index_error = None
+    _remove_six()
+    _index._hand_over("index")
+
+
+PATCH = registry.declare(
+    registry.Patch(
+        name=_NAME,
+        description=(
+            "removed/changed APIs (torch._six, torch.solve/lstsq/eig/symeig/matrix_rank, "
+            "legacy autograd Functions, volatile=True, loss.data[0], size_average=) -> "
+            "their old meaning in st.legacy, only where this torch lacks them"
+        ),
+        targets=(
+            *(registry.Target("torch", n, _linalg(n, method=False)) for n in _LINALG),
+            *(
+                registry.Target("torch", f"Tensor.{n}", _linalg(n, method=True))
+                for n in ("solve", "lstsq", "eig", "symeig")
+            ),
+            registry.Target("torch.autograd.function", "Function.__call__", _function_call),
+            registry.Target("torch.autograd.function", "Function.__init__", _function_init),
+            registry.Target("torch.autograd", "Variable", _variable),
+            registry.Target("torch.autograd.variable", "Variable", _variable),
+            registry.Target("torch.nn._reduction", "legacy_get_string", _reduction),
+            _index.GETITEM,
+        ),
+        implementation=("safetorch.legacy", "solve"),
+        on_enable=_on_enable,
+        on_disable=_on_disable,
+    )
+)
+
+# Patches that st.patch() / st.patched() with no names leave off (they change what legacy
+# code computes, so a user asks for them by name or with "all"); `safetorch run` turns them on.
+OPT_IN = (_NAME,)

@@ -1,0 +1,176 @@
+"""Patch ``legacy``: opt-in, fills only gaps, coexists with ``index``, exactly reversible."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import safetorch as st
+from safetorch import _compat
+from safetorch.errors import PatchWarning
+from safetorch.patching import registry
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_no_name_patch_leaves_legacy_off_all_turns_it_on() -> None:
+    assert "legacy" not in st.patch()
+    st.unpatch()
+    assert "legacy" in st.patch("all")
+    assert "legacy" in [p.name for p in st.patches() if p.active]
+
+
+def test_removed_functions_work_and_unpatch_restores_identity() -> None:
+    original = torch.solve
+    before = {k: v for k, v in vars(torch.Tensor).items()}
+    st.patch("legacy")
+    X, _ = torch.solve(torch.ones(2, 1), 2 * torch.eye(2))
+    assert X.flatten().tolist() == [0.5, 0.5]
+    assert torch.eye(2).symeig().eigenvalues.tolist() == [1.0, 1.0]
+    import torch._six as six  # noqa: PLC0415
+
+    assert six.string_classes == (str, bytes)
+    st.unpatch("legacy")
+    assert torch.solve is original and "torch._six" not in sys.modules
+    assert not hasattr(torch, "_six") or "_six" not in vars(torch)
+    assert vars(torch.Tensor).keys() == before.keys()
+    with pytest.raises(RuntimeError, match="removed"):
+        torch.solve(torch.ones(2, 1), torch.eye(2))
+
+
+def test_a_torch_that_still_has_the_api_keeps_its_own() -> None:
+    st.patch("legacy")
+    with _compat.override(HAS_TORCH_SOLVE=True):  # simulate torch 1.8: call torch's
+        with pytest.raises(RuntimeError, match="removed"):
+            torch.solve(torch.ones(2, 1), torch.eye(2))
+    assert torch.solve(torch.ones(2, 1), torch.eye(2)).solution.shape == (2, 1)
+
+
+@pytest.mark.parametrize("order", [("index", "legacy"), ("legacy", "index")])
+@pytest.mark.parametrize("off_first", ["index", "legacy"])
+def test_index_and_legacy_share_getitem_in_any_order(order: tuple, off_first: str) -> None:
+    loss = torch.tensor(2.0)
+    for name in order:
+        st.patch(name)
+    with pytest.warns(PatchWarning):
+        assert loss[0].item() == 2.0
+    assert torch.arange(3)[1].item() == 1
+    st.unpatch(off_first)
+    still = "legacy" if off_first == "index" else "index"
+    assert "__getitem__" in vars(torch.Tensor) and registry.is_active(still)
+    if still == "legacy":
+        with pytest.warns(PatchWarning):
+            assert loss[0].item() == 2.0
+    else:
+        with pytest.raises(IndexError):
+            loss[0]
+    st.unpatch(still)
+    assert "__getitem__" not in vars(torch.Tensor)
+    with pytest.raises(IndexError):
+        loss[0]
+
+
+def test_legacy_hook_is_read_only_after_torch_raises(monkeypatch) -> None:
+    """The shared x[i] wrapper adds nothing to indexing that succeeds: the legacy hook is
+    consulted only on torch's IndexError (a structural check; speed is benchmarks' job)."""
+    from safetorch.patching import index
+
+    calls = []
+    st.patch("index", "legacy")
+    real = index.on_index_error
+    monkeypatch.setattr(index, "on_index_error", lambda x, a: calls.append(a) or real(x, a))
+    x = torch.arange(10)
+    assert x[3].item() == 3 and x[[1, 2]].tolist() == [1, 2]
+    assert calls == []
+    with pytest.warns(st.PatchWarning):
+        assert torch.tensor(2.5)[0].item() == 2.5  # 0.4's x[0] of a 0-dim tensor
+    assert len(calls) == 1
+
+
+def test_size_average_maps_to_reduction_without_warning() -> None:
+    st.patch("legacy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = torch.nn.MSELoss(size_average=False)
+        assert loss.reduction == "sum"
+        out = torch.nn.functional.l1_loss(torch.ones(2), torch.zeros(2), reduce=False)
+    assert out.tolist() == [1.0, 1.0]
+
+
+def test_legacy_function_and_volatile_under_the_patch() -> None:
+    st.patch("legacy")
+
+    class Twice(torch.autograd.Function):
+        def forward(self, x):  # type: ignore[no-untyped-def, override]
+            return 2 * x
+
+        def backward(self, g):  # type: ignore[no-untyped-def, override]
+            return 2 * g
+
+    x = torch.ones(3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "should not be instantiated" either
+        Twice()(x).sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]
+    v = torch.autograd.Variable(torch.ones(1, 2), volatile=True)
+    assert torch.nn.Linear(2, 1)(v).grad_fn is None
+    assert isinstance(v, torch.autograd.Variable)
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "safetorch", "run", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=240,
+    )
+
+
+def _line_of(text: str) -> str:
+    lines = (ROOT / "tests" / "legacy" / "era_script.py").read_text().splitlines()
+    return f"era_script.py:{lines.index(text) + 1}"
+
+
+def test_era_script_runs_unedited_under_safetorch_run() -> None:
+    done = _run_cli(str(ROOT / "tests" / "legacy" / "era_script.py"))
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["six"] == [True, True, True]
+    A = torch.tensor([[4.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
+    B = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    torch.testing.assert_close(
+        torch.tensor(got["X"], dtype=torch.float64), torch.linalg.solve(A, B).flatten()
+    )
+    torch.testing.assert_close(
+        torch.tensor(got["LU"], dtype=torch.float64), torch.linalg.lu_factor(A).LU.flatten()
+    )
+    torch.testing.assert_close(
+        torch.tensor(got["evals"], dtype=torch.float64), torch.linalg.eigvalsh(A + A.t())
+    )
+    assert sorted(got["eig"]) == [[2.0, 0.0], [5.0, 0.0]]
+    torch.testing.assert_close(got["lstsq"][:2], [4 / 3, 7 / 3])
+    assert abs(got["lstsq"][2]) == pytest.approx(3**-0.5)
+    assert got["rank"] == 1 and got["grad"] == [6.0]
+    assert got["pred_requires_grad"] is False and got["loss_is_sum"] is True
+    for spelling in (
+        "torch.linalg.solve(A, B)",
+        "x.item()",
+        "with torch.no_grad():",
+        "reduction='sum'",
+        "torch._six.string_classes -> (str, bytes)",
+        "Fn.apply(x)",
+        _line_of("total += loss.data[0]"),
+    ):
+        assert spelling in done.stderr, spelling
+    off = _run_cli("--no-patch", "legacy", str(ROOT / "tests" / "legacy" / "era_script.py"))
+    assert off.returncode == 1 and "torch._six" in off.stderr
