@@ -254,12 +254,27 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     ),
     "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
     "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
-    "HAS_TORCH_SIX": ("<2.0", "torch/_six.py exists"),
-    "HAS_TORCH_SOLVE": ("<1.9 (removed later)", "torch.solve(1x1, 1x1) does not raise"),
-    "HAS_TORCH_LSTSQ": ("<1.9 (removed later)", "torch.lstsq(1x1, 1x1) does not raise"),
-    "HAS_TORCH_EIG": ("<1.9 (removed later)", "torch.eig(1x1) does not raise"),
-    "HAS_TORCH_SYMEIG": ("<1.9 (removed later)", "torch.symeig(1x1) does not raise"),
-    "HAS_TORCH_MATRIX_RANK": ("<1.9 (removed later)", "torch.matrix_rank(1x1) does not raise"),
+    "HAS_TORCH_SIX": ("-", "torch/_six.py exists (removed in torch 2.0)"),
+    "HAS_TORCH_SOLVE": (
+        "-",
+        "torch.solve(1x1, 1x1) does not raise (deprecated in 1.9, later a raising stub)",
+    ),
+    "HAS_TORCH_LSTSQ": (
+        "-",
+        "torch.lstsq(1x1, 1x1) does not raise (deprecated in 1.9, later a raising stub)",
+    ),
+    "HAS_TORCH_EIG": (
+        "-",
+        "torch.eig(1x1) does not raise (deprecated in 1.9, later a raising stub)",
+    ),
+    "HAS_TORCH_SYMEIG": (
+        "-",
+        "torch.symeig(1x1) does not raise (deprecated in 1.9, later a raising stub)",
+    ),
+    "HAS_TORCH_MATRIX_RANK": (
+        "-",
+        "torch.matrix_rank(1x1) does not raise (deprecated in 1.9, later a raising stub)",
+    ),
     "LEGACY_FUNCTION_RAISES": ("1.5", "calling a legacy Function instance raises"),
     "ZERO_DIM_INDEX_RAISES": ("0.5", "torch.tensor(0.)[0] raises IndexError"),
     "VOLATILE_IS_NOOP": ("0.4", "Variable(x) has no .volatile"),
