@@ -156,6 +156,20 @@ DATALOADER_WARNS_PIN_WITHOUT_ACCELERATOR: bool = TORCH_RELEASE >= (2, 7)
 SYNCBN_FALLS_BACK_WITHOUT_PG: bool = TORCH_RELEASE >= (2, 0)
 
 
+# torch.distributed.checkpoint (DCP) as a public package -- torch 2.0 (1.13 had it under
+# torch.distributed._shard.checkpoint). Found without importing it.
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+HAS_DCP: bool = _has_module("torch.distributed.checkpoint")
+
+
 # --- legacy APIs (the `legacy` patch fills only the gaps these flags report) ----------------
 def _raises(fn: Callable[[], Any], *errors: type[BaseException]) -> bool:
     import warnings
@@ -254,6 +268,7 @@ _FLAG_DOCS: Dict[str, tuple[str, str]] = {
     ),
     "HAS_AMINMAX": ("1.10", "hasattr(torch, 'aminmax')"),
     "SYNCBN_FALLS_BACK_WITHOUT_PG": ("2.0", "release >= 2.0 (PR #89706, not detectable)"),
+    "HAS_DCP": ("2.0", "importlib.util.find_spec('torch.distributed.checkpoint')"),
     "HAS_TORCH_SIX": ("-", "torch/_six.py exists (removed in torch 2.0)"),
     "HAS_TORCH_SOLVE": (
         "-",

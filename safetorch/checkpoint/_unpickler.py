@@ -175,7 +175,8 @@ def _fallback_allowed_globals() -> Dict[str, Any]:
 
 
 def torch_allowed_globals() -> Dict[str, Any]:
-    """torch's default weights-only allow-list (``{"module.Name": object}``), computed once."""
+    """torch's default weights-only allow-list (``{"module.Name": object}``), computed once:
+    the installed torch's own list joined with the newest torch's (written out below)."""
     global _TORCH_ALLOWED
     if _TORCH_ALLOWED is None:
         found: Optional[Dict[str, Any]] = None
@@ -186,7 +187,9 @@ def torch_allowed_globals() -> Dict[str, Any]:
                 found = dict(getter())
             except Exception:  # a private helper that changed shape: use the written-out list
                 found = None
-        _TORCH_ALLOWED = found if found is not None else _fallback_allowed_globals()
+        # Older torch lists fewer safe types (1.13 has no set, bytes or complex); the written-out
+        # list mirrors the newest torch's, so a file loads alike on every torch.
+        _TORCH_ALLOWED = {**_fallback_allowed_globals(), **(found or {})}
     return _TORCH_ALLOWED
 
 

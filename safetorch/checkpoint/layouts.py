@@ -29,10 +29,20 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
+from safetorch import _compat
 from safetorch.checkpoint import _unpickler
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
 
 __all__: List[str] = []  # private module: used by safetorch.checkpoint.io and cli
+
+_dcp_available: bool
+
+
+@_compat.register_binder
+def _bind() -> None:
+    global _dcp_available
+    _dcp_available = _compat.HAS_DCP  # torch >= 2.0
+
 
 DCP_METADATA = ".metadata"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -355,6 +365,12 @@ class DCPDirectory(Layout):
 
     def __init__(self, path: str, description: str) -> None:
         super().__init__(path, description)
+        if not _dcp_available:
+            raise CheckpointError(
+                f"{path!r} is a torch.distributed.checkpoint directory, which needs torch >= 2.0 "
+                f"(this is torch {torch.__version__}); convert it to one file with "
+                "`safetorch ckpt convert DIR model.pt` on a newer torch"
+            )
         self.metadata = read_dcp_metadata(path)
 
     def files(self) -> List[str]:

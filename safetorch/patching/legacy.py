@@ -136,14 +136,34 @@ class _SixModule(type(sys)):  # type: ignore[misc]
 _six_module = _SixModule("torch._six", _impl.six.__doc__)
 
 
+_filled: List[str] = []  # names added to a real torch._six that lacked them (torch 1.9-1.13)
+
+
 def _install_six() -> None:
-    if not _needed["_six"] or "torch._six" in sys.modules:
+    if not _needed["_six"]:
+        # torch < 2.0 still has torch._six, but 1.9+ dropped names old code imports
+        # (container_abcs, int_classes): fill only those gaps, on the real module.
+        import importlib
+
+        real = importlib.import_module("torch._six")
+        for name in _impl.SIX_MODERN:
+            if name not in vars(real):
+                setattr(real, name, getattr(_impl.six, name))
+                _filled.append(name)
+        return
+    if "torch._six" in sys.modules:
         return
     sys.modules["torch._six"] = _six_module
     torch._six = _six_module  # type: ignore[attr-defined]  # `import torch._six` reads it
 
 
 def _remove_six() -> None:
+    if _filled:
+        real = sys.modules.get("torch._six")
+        for name in _filled:
+            if real is not None and name in vars(real):
+                delattr(real, name)
+        _filled.clear()
     if sys.modules.get("torch._six") is _six_module:
         del sys.modules["torch._six"]
     if vars(torch).get("_six") is _six_module:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import safetorch as st
+from safetorch import _compat
 from safetorch._cli import main
 
 pytest.importorskip("safetensors")
@@ -38,6 +39,9 @@ def _equal(a, b):
     return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.skipif(
+    not _compat.HAS_DCP, reason="torch.distributed.checkpoint is public from torch 2.0"
+)
 def test_file_to_dcp_and_back_round_trips(tmp_path, dp_file):
     path, net = dp_file
     code, out, err = _run(
@@ -93,6 +97,9 @@ def test_file_to_safetensors_shards_with_index(tmp_path, dp_file):
     assert _equal(model.state_dict(), net.state_dict())
 
 
+@pytest.mark.skipif(
+    not _compat.HAS_DCP, reason="torch.distributed.checkpoint is public from torch 2.0"
+)
 def test_directory_outputs_refuse_existing_paths_and_bad_sizes(tmp_path, dp_file):
     path, _ = dp_file
     (tmp_path / "full").mkdir()

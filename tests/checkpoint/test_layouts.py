@@ -11,7 +11,12 @@ import pytest
 import torch
 
 import safetorch as st
+from safetorch import _compat
 from safetorch.checkpoint import layouts
+
+needs_dcp = pytest.mark.skipif(
+    not _compat.HAS_DCP, reason="torch.distributed.checkpoint is public from torch 2.0"
+)
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -50,6 +55,7 @@ def _dcp_save(state, path):
             dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(str(path)))
 
 
+@needs_dcp
 @pytest.mark.parametrize("container", [None, "model"])
 def test_dcp_directory_with_dataparallel_keys_into_plain_model(tmp_path, container):
     state = DP if container is None else {container: DP, "epoch": 3, "note": "x"}
@@ -59,6 +65,7 @@ def test_dcp_directory_with_dataparallel_keys_into_plain_model(tmp_path, contain
     assert "module." in report.rule
 
 
+@needs_dcp
 def test_dcp_metadata_is_read_with_the_restricted_unpickler(tmp_path, canary):
     _dcp_save(DP, tmp_path / "dcp")
 
@@ -144,6 +151,7 @@ def test_index_cannot_point_outside_its_directory_or_to_missing_shards(tmp_path)
         st.load_state_dict(_net(1), index)
 
 
+@needs_dcp
 def test_strict_mismatch_on_a_layout_touches_nothing(tmp_path):
     _dcp_save({"model": DP}, tmp_path / "dcp")
     model = torch.nn.Sequential(
@@ -165,3 +173,11 @@ def test_nest_flat_keys():
         "model": {"0.w": t},
         "epoch": "<bytes>",
     }
+
+
+@needs_dcp
+def test_dcp_directory_on_a_torch_without_dcp_says_so(tmp_path, simulate_torch):
+    _dcp_save({"model": DP}, tmp_path / "dcp")
+    with simulate_torch(HAS_DCP=False):
+        with pytest.raises(st.CheckpointError, match="needs torch >= 2.0"):
+            st.load_state_dict(_net(1), tmp_path / "dcp")

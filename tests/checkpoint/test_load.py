@@ -479,16 +479,29 @@ def test_deflated_storages_are_never_mapped(tmp_path, simulate_torch, branch):
 
 
 def test_no_mmap_on_torch_before_2_1_or_file_objects(tmp_path, monkeypatch, simulate_torch):
+    """mmap=True maps only a zip file given by path on torch >= 2.1; elsewhere it reads."""
     path = _save({"w": torch.ones(1)}, tmp_path / "c.pt", "zip")
-    calls = _spy_torch_load(monkeypatch)
+    used = []
+    real_restricted, real_torch = ckpt_io._load_restricted, ckpt_io._load_torch_weights_only
+    monkeypatch.setattr(
+        ckpt_io,
+        "_load_restricted",
+        lambda f, ml, use_mmap, *a: used.append(use_mmap) or real_restricted(f, ml, use_mmap, *a),
+    )
+    monkeypatch.setattr(
+        ckpt_io,
+        "_load_torch_weights_only",
+        lambda f, ml, use_mmap: used.append(use_mmap) or real_torch(f, ml, use_mmap),
+    )
     with simulate_torch(LOAD_HAS_MMAP=False):
-        st.load(path)
-    assert "mmap" not in calls[-1]
+        assert torch.equal(st.load(path, mmap=True)["w"], torch.ones(1))
     with open(path, "rb") as fh:
-        st.load(fh)
-    assert "mmap" not in calls[-1]
-    st.load(io.BytesIO(path.read_bytes()))
-    assert "mmap" not in calls[-1]
+        st.load(fh, mmap=True)
+    st.load(io.BytesIO(path.read_bytes()), mmap=True)
+    assert used == [False, False, False]
+    if _compat.LOAD_HAS_MMAP:
+        st.load(path, mmap=True)
+        assert used[-1] is True
 
 
 def test_patched_torch_load_does_not_recurse(tmp_path, monkeypatch):
