@@ -439,6 +439,64 @@ def _child_fields(cls: type) -> Tuple[str, ...]:
     return fields
 
 
+class _Subtrees:
+    """Every node of one file in pre-order, with each node's subtree as a slice of that list.
+
+    Rules ask for the nodes under a function or an expression many times (their own small
+    analyses); one traversal up front answers each of those with a list slice instead of a new
+    ``ast.walk``.
+    """
+
+    __slots__ = ("order", "span")
+
+    def __init__(self, tree: ast.AST) -> None:
+        order: List[ast.AST] = []
+        span: Dict[int, Tuple[int, int]] = {}
+        fields_of = _CHILD_FIELDS.get
+        AST = ast.AST
+        # (node, start index or -1): -1 enters the node, a start index closes its subtree
+        stack: List[Tuple[ast.AST, int]] = [(tree, -1)]
+        pop, push, append = stack.pop, stack.append, order.append
+        while stack:
+            node, start = pop()
+            if start >= 0:
+                span[id(node)] = (start, len(order))
+                continue
+            push((node, len(order)))
+            append(node)
+            cls = type(node)
+            fields = fields_of(cls)
+            if fields is None:
+                fields = _child_fields(cls)
+            children: List[ast.AST] = []
+            for name in fields:
+                value = getattr(node, name, None)
+                if value.__class__ is list:
+                    for item in value:
+                        if isinstance(item, AST):
+                            children.append(item)
+                elif isinstance(value, AST):
+                    children.append(value)
+            for child in reversed(children):
+                push((child, -1))
+        self.order = order
+        self.span = span
+
+
+_subtrees: Optional[_Subtrees] = None  # the file being checked (one at a time per process)
+
+
+def walk(node: ast.AST) -> List[ast.AST]:
+    """``node`` and every node under it (pre-order): ``ast.walk`` for the rules, answered from
+    the current file's :class:`_Subtrees` index when ``node`` belongs to it."""
+    index = _subtrees
+    if index is not None:
+        found = index.span.get(id(node))
+        if found is not None and index.order[found[0]] is node:
+            return index.order[found[0] : found[1]]
+    return list(ast.walk(node))
+
+
 def _walk(ctx: Context, handlers: Dict[type, List[Callable[[Any], None]]]) -> None:
     """Visit every node once, in source order (pre-order), with ``ctx.scope`` maintained.
 
@@ -539,10 +597,15 @@ def analyze(
     for inst in instances:
         for node_type in inst.node_types:
             handlers.setdefault(node_type, []).append(inst.visit)
-    _walk(ctx, handlers)
-    ctx.scope = tree
-    for inst in instances:
-        inst.finish()
+    global _subtrees
+    previous, _subtrees = _subtrees, _Subtrees(tree)
+    try:
+        _walk(ctx, handlers)
+        ctx.scope = tree
+        for inst in instances:
+            inst.finish()
+    finally:
+        _subtrees = previous
     found = [d for d in ctx.diagnostics if not ctx.suppressed(d)]
     found.sort(key=lambda d: (d.line, d.col, d.code))
     return found

@@ -24,6 +24,7 @@ from typing import (
 )
 
 from safetorch.check.engine import SAFE, SYNTAX_ERROR_CODE, UNSAFE, Context, Edit, Fix, Rule
+from safetorch.check.engine import walk as walk_nodes
 
 __all__ = ["RULES", "RULE_TABLE", "RuleInfo", "SyntaxErrorRule", "rule_for", "select_rules"]
 
@@ -659,12 +660,12 @@ class UnsyncedCudaTiming(Rule):
         names = self.ctx.cache.get("cuda_names")
         if names is None:
             names = set()
-            for node in ast.walk(self.ctx.tree):
+            for node in walk_nodes(self.ctx.tree):
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                    if any(_is_device_move(n) for n in ast.walk(node.value)):
+                    if any(_is_device_move(n) for n in walk_nodes(node.value)):
                         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                         for target in targets:
-                            for sub in ast.walk(target):
+                            for sub in walk_nodes(target):
                                 root = _root_name(sub)
                                 if root is not None and isinstance(sub, (ast.Name, ast.Attribute)):
                                     names.add(root)
@@ -872,7 +873,7 @@ def _forward_pairs(cls: ast.ClassDef) -> List[Tuple[str, str]]:
     if forward is None:
         return []
     pairs: List[Tuple[str, str]] = []
-    for node in ast.walk(forward):
+    for node in walk_nodes(forward):
         # self.b(self.a(x))
         outer = _layer_called(node)
         if outer is not None and outer[1].args:
@@ -905,7 +906,7 @@ def _init_layers(cls: ast.ClassDef) -> Dict[str, ast.Call]:
     layers: Dict[str, ast.Call] = {}
     for stmt in cls.body:
         if isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
-            for node in ast.walk(stmt):
+            for node in walk_nodes(stmt):
                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                     for target in node.targets:
                         attr = _self_attr(target)
@@ -1119,7 +1120,7 @@ class CustomBatchWithoutPinMemory(Rule):
             fn = self._functions.get(fn_name)
             if fn is None:
                 continue
-            for node in ast.walk(fn):
+            for node in walk_nodes(fn):
                 if not (isinstance(node, ast.Return) and isinstance(node.value, ast.Call)):
                     continue
                 func = node.value.func
@@ -1162,7 +1163,7 @@ def _statements_in_order(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
 
 def _state_dict_holders(expr: ast.AST) -> Iterator[Tuple[ast.Call, ast.AST]]:
     """``(m.state_dict() call, m)`` for every ``m.state_dict()`` inside ``expr``."""
-    for sub in ast.walk(expr):
+    for sub in walk_nodes(expr):
         if (
             isinstance(sub, ast.Call)
             and isinstance(sub.func, ast.Attribute)
@@ -1251,10 +1252,10 @@ class StateDictOfWrappedModel(Rule):
             return
         tree = self.ctx.tree
         functions = [
-            n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            n for n in walk_nodes(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         ]
         self._self_wrapped: Dict[str, str] = {}
-        for node in ast.walk(tree):
+        for node in walk_nodes(tree):
             if isinstance(node, ast.Assign):
                 wrapper = self._wrapper(node.value)
                 for target in node.targets:
@@ -1275,7 +1276,7 @@ class StateDictOfWrappedModel(Rule):
             params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]  # type: ignore[attr-defined]
             if params and params[0] in ("self", "cls"):
                 continue
-            for sub in ast.walk(fn):
+            for sub in walk_nodes(fn):
                 if (
                     isinstance(sub, ast.Call)
                     and sub.args
@@ -1312,7 +1313,7 @@ class StateDictOfWrappedModel(Rule):
             wrapper = self._wrapped_holder(scope, module, holder)
             if wrapper is not None:
                 found.append((call, self.ctx.segment(holder), wrapper))
-        for sub in ast.walk(expr):
+        for sub in walk_nodes(expr):
             if isinstance(sub, ast.Name):
                 owner, _ = self._lookup(scope, module, sub.id)
                 found.extend(owner.holds.get(sub.id, ()))
@@ -1340,7 +1341,7 @@ class StateDictOfWrappedModel(Rule):
             elif isinstance(value, ast.AST):
                 own.append(value)
         for part in own:
-            for sub in ast.walk(part):
+            for sub in walk_nodes(part):
                 if isinstance(sub, ast.Call):
                     yield sub
 
@@ -1403,7 +1404,7 @@ def _filtered_or_own(ctx: Context, scope: ast.AST, name: str, model: ast.AST) ->
     print/log call).
     """
     model_text = ctx.segment(model)
-    for node in ast.walk(scope):
+    for node in walk_nodes(scope):
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == name for t in node.targets
         ):
@@ -1429,7 +1430,7 @@ def _filtered_or_own(ctx: Context, scope: ast.AST, name: str, model: ast.AST) ->
                 isinstance(func, ast.Attribute) and func.attr in _LOG_METHODS
             )
             if logs:
-                for sub in ast.walk(node):
+                for sub in walk_nodes(node):
                     if isinstance(sub, ast.Name) and sub.id == name:
                         return True
     return False
@@ -1526,7 +1527,7 @@ _DIST_WORDS += ("device_count", "gpus")
 
 
 def _mentions_distributed(test: ast.AST) -> bool:
-    for sub in ast.walk(test):
+    for sub in walk_nodes(test):
         word = sub.id if isinstance(sub, ast.Name) else getattr(sub, "attr", None)
         if word is None and isinstance(sub, ast.Constant) and isinstance(sub.value, str):
             word = sub.value
