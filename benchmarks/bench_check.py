@@ -274,7 +274,7 @@ def main() -> int:
         assert sum(_codes(out).values()) == sum(ours.values()), "CLI and API disagree"
         rows.append(("`python -m safetorch check -j 1` (CLI)", w, c, ""))
         w, c, _ = _timed([sys.executable, "-c", "import safetorch.check"], env)
-        rows.append(("  of which `import safetorch.check` (imports torch)", w, c, ""))
+        rows.append(("  of which `import safetorch.check` (standard library only)", w, c, ""))
 
         torchfix = os.environ.get("TORCHFIX") or shutil.which("torchfix")
         theirs: Counter = Counter()
