@@ -220,20 +220,24 @@ def iter_python_files(
     excluded = settings.excluded if settings is not None and settings.extend_exclude else None
     for path in paths:
         if os.path.isdir(path):
-            if force_exclude and excluded is not None and excluded(path):
+            named_excluded = excluded is not None and excluded(path)
+            if force_exclude and named_excluded:
                 continue
+            # A directory named on the command line is checked even when it is excluded (as
+            # ruff does without --force-exclude); exclusions still apply inside other paths.
+            inner = None if named_excluded else excluded
             for root, dirs, files in os.walk(path):
                 dirs[:] = sorted(
                     d
                     for d in dirs
                     if d not in skip
                     and not d.endswith(".egg-info")
-                    and not (excluded is not None and excluded(os.path.join(root, d)))
+                    and not (inner is not None and inner(os.path.join(root, d)))
                 )
                 for name in sorted(files):
                     if name.endswith(".py"):
                         full = os.path.join(root, name)
-                        if excluded is None or not excluded(full):
+                        if inner is None or not inner(full):
                             yield full
         elif os.path.isfile(path):
             if not (force_exclude and excluded is not None and excluded(path)):
