@@ -705,6 +705,8 @@ def load_state_dict(
             encoding="utf-8",
             mmap_for_copy=not assign,
         )
+    if isinstance(obj, Mapping) and obj.get("__safetorch__") == "safetorch.state/1":
+        obj = obj["objects"]  # a st.save_state file: the models' state dicts are in there
     state_dict, source_key = find_state_dict(obj, key)
     target = model.state_dict(keep_vars=True)
     state_dict, n_averaged = _split_n_averaged(state_dict, target.keys())
