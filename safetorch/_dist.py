@@ -10,7 +10,7 @@ class whose destructor keeps the GIL, pytorch/pytorch#56297) then drops the last
 process group, and ``~ProcessGroupGloo`` joins its worker threads with the GIL held. Seen on torch
 1.13.1 (gdb: main thread in ``Reducer::~Reducer -> ~ProcessGroupGloo -> thread::join``, worker in
 ``~AsyncBarrierWork -> ~AsyncBroadcastWork -> TensorImpl::~TensorImpl -> take_gil``); the
-``Reducer`` binding is the same in torch 2.x. The process group's key-value store needs no tensor
+same teardown order also hung torch 2.8.0 (3 of 5 trials), so this is not gated on a release. The process group's key-value store needs no tensor
 and no worker thread, on any backend and device, so safetorch's rank-0 results travel through it.
 
 What travels is plain data only (None, bool, int, float, str, bytes, and lists, tuples, dicts

@@ -81,8 +81,8 @@ find_python() {
     return 1
 }
 
-# test_deps KIND -> one requirement per line: the dev extra minus the linters (KIND=newest), or
-# the dev extra and the runtime dependencies pinned at their floors (KIND=min).
+# test_deps KIND -> one requirement per line: the runtime dependencies and the dev extra, minus
+# torch and the linters; as declared (KIND=newest) or pinned at their floors (KIND=min).
 test_deps() {
     "$HOST_PY" - "$1" "$ROOT/pyproject.toml" <<'PY'
 import re, sys, tomllib
@@ -90,7 +90,7 @@ kind, path = sys.argv[1], sys.argv[2]
 project = tomllib.load(open(path, "rb"))["project"]
 dev = project["optional-dependencies"]["dev"]
 linters = {"ruff", "mypy"}
-for req in dev + (project["dependencies"] if kind == "min" else []):
+for req in project["dependencies"] + dev:
     name = re.split(r"[<>=!~; \[]", req, maxsplit=1)[0]
     if name.lower() in linters or name.lower() == "torch":
         continue

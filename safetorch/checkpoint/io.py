@@ -33,7 +33,7 @@ from typing import (
 import torch
 from torch import nn
 
-from safetorch import _compat
+from safetorch import _compat, _dist
 from safetorch._atomic import atomic_write
 from safetorch._stack import user_stacklevel
 from safetorch.checkpoint import _unpickler, layouts
@@ -837,7 +837,9 @@ def on_rank0(fn: Callable[[], Any]) -> Any:
         except BaseException as exc:  # broadcast first, then re-raise
             error = exc
             box[1] = _first_line(exc)
-    dist.broadcast_object_list(box, src=0)
+    # Through the process group's store, not broadcast_object_list: a gloo collective's work
+    # objects can deadlock the process at teardown (safetorch/_dist.py). Plain data only.
+    box = _dist.broadcast_from_rank0(box)
     if error is not None:
         raise error
     if box[1] is not None:

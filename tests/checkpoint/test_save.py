@@ -163,7 +163,8 @@ def test_ddp_world_size_1(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "ok"
+    # the last line: gloo in torch 2.8 prints "[Gloo] Rank 0 is connected to 0 peer ranks..."
+    assert out.stdout.strip().splitlines()[-1:] == ["ok"], out.stdout[-2000:]
 
 
 @pytest.mark.dist

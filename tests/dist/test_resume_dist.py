@@ -22,8 +22,8 @@ def _has_fsdp2() -> bool:
         try:
             if hasattr(importlib.import_module(module), "fully_shard"):
                 return True
-        except ImportError:
-            continue
+        except Exception:  # torch 1.13 on Python 3.11: ValueError, a dataclass with a mutable
+            continue  # default in torch.distributed._shard (Python 3.11 refuses it)
     return False
 
 
