@@ -909,9 +909,9 @@ def scan_file(source: Any, *, byte_budget: int = 1 << 30, seconds: float = 30.0)
                         return result
                     with archive.open(member) as pkl:
                         scan_pickle(pkl, result, byte_budget=byte_budget, deadline=deadline)
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
+            except Exception as exc:  # BadZipFile, OSError, OverflowError (3.9), CRC, ...
                 result.complete = False
-                result.stopped = f"the zip archive is damaged ({exc})"
+                result.stopped = f"the zip archive is damaged ({type(exc).__name__}: {exc})"
         else:
             for _ in range(5):
                 if not scan_pickle(stream, result, byte_budget=byte_budget, deadline=deadline):

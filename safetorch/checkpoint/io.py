@@ -268,7 +268,7 @@ def _zip_facts(f: Any) -> _ZipFacts:
             stack.callback(fh.seek, start)
             archive = stack.enter_context(zipfile.ZipFile(fh))
             infos = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError):
+    except Exception:  # BadZipFile, OSError, OverflowError (Python 3.9 on a bad end record), ...
         return _ZipFacts(
             "the zip archive is truncated or corrupt (its directory is unreadable)", False
         )
@@ -284,9 +284,30 @@ def _zip_facts(f: Any) -> _ZipFacts:
     if f"{prefix}/data.pkl" not in names:
         return _ZipFacts("it is a zip archive without data.pkl, not a torch.save checkpoint", False)
     data = f"{prefix}/data/"
-    stored = all(
-        i.compress_type == zipfile.ZIP_STORED for i in infos if i.filename.startswith(data)
-    )
+    storages = [i for i in infos if i.filename.startswith(data)]
+    stored = all(i.compress_type == zipfile.ZIP_STORED for i in storages)
+    # torch's zip reader (miniz) takes an entry whose MS-DOS directory bit is set for a directory
+    # and hands back uninitialized memory for it (seen on torch 2.8): never a storage.
+    marked_dirs = [i.filename for i in storages if i.external_attr & 0x10 or i.is_dir()]
+    if marked_dirs:
+        return _ZipFacts(
+            f"the zip archive is damaged (storage record {marked_dirs[0]!r} is marked as a "
+            "directory)",
+            False,
+        )
+    # Each storage's local header must agree with the directory (a 30-byte read each, nothing
+    # decompressed): a damaged entry would make torch read tensor data from the wrong place.
+    try:
+        with contextlib.ExitStack() as stack:
+            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else _unpickler.seekable(f)
+            start = fh.tell()
+            stack.callback(fh.seek, start)
+            archive = stack.enter_context(zipfile.ZipFile(fh))
+            for info in storages:
+                with archive.open(info):
+                    pass
+    except Exception as exc:  # a local header that disagrees with the directory, ...
+        return _ZipFacts(f"the zip archive is damaged ({type(exc).__name__}: {exc})", False)
     return _ZipFacts(None, stored)
 
 
