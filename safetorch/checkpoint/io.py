@@ -258,20 +258,27 @@ class _ZipFacts:
 
 def _zip_facts(f: Any) -> _ZipFacts:
     """Central-directory facts (nothing is decompressed): torch's record prefix, whether it is
-    a TorchScript archive, whether data.pkl exists and every storage is stored uncompressed."""
+    a TorchScript archive, whether data.pkl exists and every storage is stored uncompressed,
+    and whether each storage's entry is sound."""
     import zipfile
 
-    try:
-        with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
+        try:
             fh = stack.enter_context(open(f, "rb")) if _is_path(f) else _unpickler.seekable(f)
             start = fh.tell()
             stack.callback(fh.seek, start)
             archive = stack.enter_context(zipfile.ZipFile(fh))
             infos = archive.infolist()
-    except Exception:  # BadZipFile, OSError, OverflowError (Python 3.9 on a bad end record), ...
-        return _ZipFacts(
-            "the zip archive is truncated or corrupt (its directory is unreadable)", False
-        )
+        except Exception:  # BadZipFile, OSError, OverflowError (Python 3.9, bad end record), ...
+            return _ZipFacts(
+                "the zip archive is truncated or corrupt (its directory is unreadable)", False
+            )
+        return _storage_facts(archive, infos)
+
+
+def _storage_facts(archive: Any, infos: List[Any]) -> _ZipFacts:
+    import zipfile
+
     names = [i.filename for i in infos]
     prefix = _unpickler.zip_record_prefix(names)
     if f"{prefix}/constants.pkl" in names:
@@ -298,14 +305,9 @@ def _zip_facts(f: Any) -> _ZipFacts:
     # Each storage's local header must agree with the directory (a 30-byte read each, nothing
     # decompressed): a damaged entry would make torch read tensor data from the wrong place.
     try:
-        with contextlib.ExitStack() as stack:
-            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else _unpickler.seekable(f)
-            start = fh.tell()
-            stack.callback(fh.seek, start)
-            archive = stack.enter_context(zipfile.ZipFile(fh))
-            for info in storages:
-                with archive.open(info):
-                    pass
+        for info in storages:
+            with archive.open(info):
+                pass
     except Exception as exc:  # a local header that disagrees with the directory, ...
         return _ZipFacts(f"the zip archive is damaged ({type(exc).__name__}: {exc})", False)
     return _ZipFacts(None, stored)
