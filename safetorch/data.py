@@ -132,7 +132,7 @@ def _map_mapping(obj: Any, fn: Callable[[Any], Any]) -> Any:
             clone = copy.copy(obj)
             clone.update({k: fn(v) for k, v in obj.items()})
             return clone
-        return type(obj)({k: fn(v) for k, v in obj.items()})  # type: ignore[call-arg]
+        return type(obj)({k: fn(v) for k, v in obj.items()})
     except TypeError:
         return {k: fn(v) for k, v in obj.items()}
 
@@ -144,7 +144,7 @@ def _map_sequence(obj: Any, fn: Callable[[Any], Any]) -> Any:
             for i, item in enumerate(obj):
                 clone[i] = fn(item)
             return clone
-        return type(obj)([fn(item) for item in obj])  # type: ignore[call-arg]
+        return type(obj)([fn(item) for item in obj])
     except TypeError:  # range, custom sequences without a list constructor
         return [fn(item) for item in obj]
 

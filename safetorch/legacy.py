@@ -141,7 +141,7 @@ def solve(input: torch.Tensor, A: torch.Tensor, *, out: Any = None) -> SolveResu
             "torch.linalg.lstsq for a least-squares solution"
         )
     solution = torch.linalg.lu_solve(LU, pivots, B_b)
-    return _write_out(out, SolveResult(solution, LU))  # type: ignore[no-any-return]
+    return _write_out(out, SolveResult(solution, LU))
 
 
 # --- torch.symeig ----------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def symeig(
     else:
         values = torch.linalg.eigvalsh(input, UPLO=uplo)
         vectors = input.new_empty(0)
-    return _write_out(out, SymeigResult(values, vectors))  # type: ignore[no-any-return]
+    return _write_out(out, SymeigResult(values, vectors))
 
 
 # --- torch.eig -------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def eig(input: torch.Tensor, eigenvectors: bool = False, *, out: Any = None) -> 
         w = torch.linalg.eigvals(input)
         packed = input.new_empty(0)
     values = torch.view_as_real(w).to(input.dtype)
-    return _write_out(out, EigResult(values, packed))  # type: ignore[no-any-return]
+    return _write_out(out, EigResult(values, packed))
 
 
 # --- torch.lstsq -----------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def lstsq(input: torch.Tensor, A: torch.Tensor, *, out: Any = None) -> LstsqResu
         padded = torch.cat([y, B.new_zeros(n - m, k)], dim=0)
         solution = torch.ormqr(a, tau, padded, left=True, transpose=False)
         qr = a.mT
-    return _write_out(out, LstsqResult(solution, qr))  # type: ignore[no-any-return]
+    return _write_out(out, LstsqResult(solution, qr))
 
 
 # --- torch.matrix_rank -----------------------------------------------------------------------
@@ -339,7 +339,7 @@ def matrix_rank(
 def _with_metaclass(meta: type, *bases: type) -> type:
     """Create a base class with a metaclass (torch._six.with_metaclass)."""
 
-    class metaclass(meta):  # type: ignore[misc, valid-type]
+    class metaclass(meta):
         def __new__(cls, name: str, this_bases: Any, d: Dict[str, Any]) -> Any:
             return meta(name, bases, d)
 
@@ -484,12 +484,12 @@ class _LegacyAdapter(torch.autograd.Function):
     """The generated new-style Function: forward/backward call the legacy instance's."""
 
     @staticmethod
-    def forward(ctx: Any, legacy: Any, *args: Any) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, legacy: Any, *args: Any) -> Any:
         ctx.legacy = legacy
         return type(legacy).forward(_LegacySelf(legacy, ctx), *args)
 
     @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, *grads: Any) -> Any:
         result = type(ctx.legacy).backward(_LegacySelf(ctx.legacy, ctx), *grads)
         if not isinstance(result, tuple):
             result = (result,)
@@ -574,7 +574,7 @@ def volatile(data: torch.Tensor) -> VolatileTensor:
     """
     if not isinstance(data, torch.Tensor):
         raise TypeError(f"volatile() expects a Tensor, got {type(data).__name__}")
-    return data.detach().as_subclass(VolatileTensor)  # type: ignore[return-value]
+    return data.detach().as_subclass(VolatileTensor)
 
 
 # --- x[0] of a 0-dim tensor ------------------------------------------------------------------
@@ -607,7 +607,7 @@ def zero_dim_index(x: torch.Tensor, index: Any) -> torch.Tensor:
             stacklevel=user_stacklevel(),
         )
         return torch.ops.aten.alias(x)
-    return x[index]  # type: ignore[no-any-return]
+    return x[index]
 
 
 # --- size_average / reduce -------------------------------------------------------------------

@@ -495,7 +495,7 @@ def _root_name(node: ast.AST) -> Optional[str]:
         return "self." + attr
     while isinstance(node, ast.Attribute):
         if _self_attr(node) is not None:
-            return "self." + node.attr  # type: ignore[attr-defined]
+            return "self." + node.attr
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
 
@@ -674,7 +674,7 @@ class UnsyncedCudaTiming(Rule):
                     if root is not None:
                         names.add(root)
             self.ctx.cache["cuda_names"] = names
-        return names  # type: ignore[no-any-return]
+        return names
 
     def _launches_cuda_work(self, call: ast.Call, cuda_scope: bool) -> bool:
         func = call.func
@@ -925,7 +925,7 @@ def adjacent_layers(ctx: Context, node: ast.AST) -> List[Pair]:
     cache = ctx.cache.setdefault("adjacent_layers", {})
     key = id(node)
     if key in cache:
-        return cache[key]  # type: ignore[no-any-return]
+        return cache[key]
     pairs: List[Pair] = []
     if isinstance(node, ast.Call):
         if ctx.qualname(node.func) == _NN + "Sequential":

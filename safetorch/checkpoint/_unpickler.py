@@ -548,7 +548,7 @@ class RestrictedUnpickler:
             elif c == op["BININT2"]:
                 stack.append(_unpack("<H", read(2))[0])
             elif c == op["LONG1"]:
-                stack.append(pickle.decode_long(read(read(1)[0])))  # type: ignore[attr-defined]
+                stack.append(pickle.decode_long(read(read(1)[0])))
             elif c == op["BINFLOAT"]:
                 stack.append(_unpack(">d", read(8))[0])
             elif c == op["SHORT_BINSTRING"] or c == op["BINSTRING"]:

@@ -315,7 +315,7 @@ def read_dcp_metadata(directory: str) -> Any:
 def _safe_reader(directory: str) -> Any:
     from torch.distributed.checkpoint import FileSystemReader
 
-    class SafeReader(FileSystemReader):  # type: ignore[misc, valid-type]
+    class SafeReader(FileSystemReader):
         """FileSystemReader whose metadata comes from the restricted unpickler."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:

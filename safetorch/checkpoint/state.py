@@ -350,7 +350,7 @@ class _SafePlanner:
     def make() -> Any:
         from torch.distributed.checkpoint import DefaultLoadPlanner
 
-        class SafeLoadPlanner(DefaultLoadPlanner):  # type: ignore[misc, valid-type]
+        class SafeLoadPlanner(DefaultLoadPlanner):
             def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
                 from safetorch.checkpoint.io import load
 

@@ -120,7 +120,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     """Batch norm over the union of every rank's batch: one all_reduce forward, one backward."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         input: torch.Tensor,
         weight: Optional[torch.Tensor],
@@ -270,7 +270,7 @@ class SyncBatchNorm(_BatchNorm):
         super().__init__(
             num_features,
             eps,
-            momentum,  # type: ignore[arg-type]
+            momentum,
             affine,
             track_running_stats,
             device=device,
@@ -373,7 +373,7 @@ def register_sync_batchnorm_converter(cls: type, converter: Optional[Converter] 
         _converters[cls] = fn
         return fn
 
-    return register if converter is None else register(converter)  # type: ignore[arg-type]
+    return register if converter is None else register(converter)
 
 
 def unregister_sync_batchnorm_converter(cls: type) -> None:

@@ -338,7 +338,7 @@ class _HookLoader(importlib.abc.Loader):
         self._fullname = fullname
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
-        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+        return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         # Put the real loader back first: code in the module (and importlib.resources)
