@@ -497,44 +497,29 @@ def walk(node: ast.AST) -> List[ast.AST]:
     return list(ast.walk(node))
 
 
-def _walk(ctx: Context, handlers: Dict[type, List[Callable[[Any], None]]]) -> None:
+def _walk(
+    ctx: Context, handlers: Dict[type, List[Callable[[Any], None]]], index: _Subtrees
+) -> None:
     """Visit every node once, in source order (pre-order), with ``ctx.scope`` maintained.
 
-    The one walk all rules share; it dominates the checker's run time, hence the plain loop
-    over cached child fields instead of ``ast.NodeVisitor``.
+    The one walk all rules share. The tree was traversed once already, into ``index`` (the
+    pre-order list and each node's subtree span); this reads that list and keeps a stack of the
+    enclosing scopes, each with the end of its subtree, instead of traversing again.
     """
     get = handlers.get
-    fields_of = _CHILD_FIELDS.get
-    stack: List[Tuple[ast.AST, ast.AST]] = [(ctx.tree, ctx.tree)]
-    pop = stack.pop
-    push = stack.append
-    AST = ast.AST
-    while stack:
-        node, scope = pop()
+    order, span = index.order, index.span
+    scopes: List[Tuple[ast.AST, int]] = [(ctx.tree, len(order))]
+    for i, node in enumerate(order):
+        while i >= scopes[-1][1]:
+            scopes.pop()
         cls = type(node)
         handler_list = get(cls)
         if handler_list:
-            ctx.scope = scope
+            ctx.scope = scopes[-1][0]  # a scope node's own handlers see the enclosing scope
             for handler in handler_list:
                 handler(node)
-        fields = fields_of(cls)
-        if fields is None:
-            fields = _child_fields(cls)
-        if not fields:
-            continue
-        if cls in _SCOPES:
-            scope = node
-        children: List[ast.AST] = []
-        for name in fields:
-            value = getattr(node, name, None)
-            if value.__class__ is list:
-                for item in value:
-                    if isinstance(item, AST):
-                        children.append(item)
-            elif isinstance(value, AST):
-                children.append(value)
-        for child in reversed(children):
-            push((child, scope))
+        if cls in _SCOPES and node is not ctx.tree:
+            scopes.append((node, span[id(node)][1]))
 
 
 def _collect_toplevel_imports(ctx: Context) -> None:
@@ -600,7 +585,7 @@ def analyze(
     global _subtrees
     previous, _subtrees = _subtrees, _Subtrees(tree)
     try:
-        _walk(ctx, handlers)
+        _walk(ctx, handlers, _subtrees)
         ctx.scope = tree
         for inst in instances:
             inst.finish()
