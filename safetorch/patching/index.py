@@ -55,17 +55,22 @@ _UNHANDLED = object()
 on_index_error: Optional[Callable[[Any, Tuple[Any, ...]], Any]] = None
 
 
+def _after_index_error(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """Called from an ``except IndexError`` block: the legacy result, or the error re-raised."""
+    hook = on_index_error
+    if hook is None or kwargs:
+        raise  # the IndexError being handled by the caller
+    result = hook(instance, args)
+    if result is _UNHANDLED:
+        raise
+    return result
+
+
 def _torch_getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
     try:
         return wrapped(*args, **kwargs)
     except IndexError:
-        hook = on_index_error
-        if hook is None or kwargs:
-            raise
-        result = hook(instance, args)
-        if result is _UNHANDLED:
-            raise
-        return result
+        return _after_index_error(instance, args, kwargs)
 
 
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -79,13 +84,7 @@ def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[st
         try:
             return wrapped(*args, **kwargs)
         except IndexError:
-            hook = on_index_error
-            if hook is None or kwargs:
-                raise
-            result = hook(instance, args)
-            if result is _UNHANDLED:
-                raise
-            return result
+            return _after_index_error(instance, args, kwargs)
     if (
         _unchecked(instance.device.type)
         or registry.nested(_NAME)
