@@ -87,6 +87,11 @@ def _bind() -> None:
 def _torch_load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     if registry.nested(_NAME):
         return wrapped(*args, **kwargs)
+    with registry.counted_call(_NAME):  # one call, however many changes it records
+        return _load(wrapped, args, kwargs)
+
+
+def _load(wrapped: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     try:
         bound = _SIGNATURE.bind(*args, **kwargs)
     except TypeError:
@@ -99,23 +104,6 @@ def _torch_load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict
     mmap = a.get("mmap")
     extra = dict(a.get("pickle_load_args") or {})
 
-    with registry.counted_call(_NAME):
-        return _load_counted(
-            wrapped, args, kwargs, f, map_location, pickle_module, weights_only, mmap, extra
-        )
-
-
-def _load_counted(
-    wrapped: Any,
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-    f: Any,
-    map_location: Any,
-    pickle_module: Any,
-    weights_only: Any,
-    mmap: Any,
-    extra: Dict[str, Any],
-) -> Any:
     if pickle_module is not None and pickle_module is not pickle:
         # A custom unpickler (dill, ...) is the caller's explicit choice: torch gets the call
         # exactly as written, and the report and a warning say it is a full unpickle.
