@@ -52,6 +52,18 @@ def _dumps(value: Any) -> bytes:
     return data
 
 
+def initialized() -> bool:
+    """Whether torch.distributed is available and its default process group is initialized
+    (the one probe safetorch uses for "under torch.distributed").
+
+    >>> initialized()
+    False
+    """
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
+
+
 def broadcast_from_rank0(value: Any) -> Any:
     """Return rank 0's ``value`` on every rank of the default process group.
 
@@ -72,10 +84,9 @@ def broadcast_from_rank0(value: Any) -> Any:
     >>> broadcast_from_rank0({"path": "/ckpt/last.pt", "improved": True})  # no process group
     {'path': '/ckpt/last.pt', 'improved': True}
     """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    if not initialized():
         return value
+    import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
     # _get_default_store: torch 1.13 to 2.14 (the store init_process_group was given or built).

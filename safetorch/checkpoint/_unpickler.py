@@ -881,6 +881,25 @@ def seekable(f: Any) -> Any:
     return f if callable(getattr(f, "seekable", None)) else _SeekableView(f)
 
 
+def scan_archive(
+    archive: zipfile.ZipFile, *, byte_budget: int = 1 << 30, seconds: float = 30.0
+) -> ScanResult:
+    """Scan ``<record prefix>/data.pkl`` of an open torch.save zip archive, streamed."""
+    result = ScanResult()
+    try:
+        names = archive.namelist()
+        member = f"{zip_record_prefix(names)}/data.pkl"
+        if member not in names:
+            result.stopped = "the archive has no data.pkl"
+            return result
+        with archive.open(member) as pkl:
+            scan_pickle(pkl, result, byte_budget=byte_budget, deadline=time.monotonic() + seconds)
+    except Exception as exc:  # BadZipFile (CRC, headers), OSError, ...
+        result.complete = False
+        result.stopped = f"the zip archive is damaged ({type(exc).__name__}: {exc})"
+    return result
+
+
 def scan_file(source: Any, *, byte_budget: int = 1 << 30, seconds: float = 30.0) -> ScanResult:
     """Scan the pickle(s) of a ``torch.save`` file that torch itself would read.
 
@@ -902,14 +921,8 @@ def scan_file(source: Any, *, byte_budget: int = 1 << 30, seconds: float = 30.0)
         if head == ZIP_MAGIC:
             try:
                 with zipfile.ZipFile(seekable(stream)) as archive:
-                    names = archive.namelist()
-                    member = f"{zip_record_prefix(names)}/data.pkl"
-                    if member not in names:
-                        result.stopped = "the archive has no data.pkl"
-                        return result
-                    with archive.open(member) as pkl:
-                        scan_pickle(pkl, result, byte_budget=byte_budget, deadline=deadline)
-            except Exception as exc:  # BadZipFile, OSError, OverflowError (3.9), CRC, ...
+                    result = scan_archive(archive, byte_budget=byte_budget, seconds=seconds)
+            except Exception as exc:  # BadZipFile, OSError, OverflowError (3.9), ...
                 result.complete = False
                 result.stopped = f"the zip archive is damaged ({type(exc).__name__}: {exc})"
         else:

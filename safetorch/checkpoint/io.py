@@ -48,6 +48,7 @@ from safetorch.checkpoint.keys import (
     unwrap_model,
 )
 from safetorch.checkpoint.report import LoadReport
+from safetorch.checkpoint.state import STATE_FORMAT
 from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
@@ -114,6 +115,7 @@ def _quiet_torch_load(*args: Any, **kwargs: Any) -> Any:
 
 # --- branch binding (see _compat.register_binder) -------------------------------------------
 _defer_to_torch: bool
+_full_load_kwargs: Dict[str, Any]
 _load_restricted_impl: Callable[..., Any]
 _mmap_supported: bool
 _assign_supported: bool
@@ -153,11 +155,9 @@ def _load_torch_weights_only(f: Any, map_location: Any, use_mmap: bool) -> Any:
 
 
 def _load_full(f: Any, map_location: Any, pickle_module: Any, use_mmap: bool, encoding: str) -> Any:
-    kwargs: Dict[str, Any] = dict(_mmap_kwargs(use_mmap), encoding=encoding)
+    kwargs: Dict[str, Any] = dict(_mmap_kwargs(use_mmap), encoding=encoding, **_full_load_kwargs)
     if pickle_module is not None:
         kwargs["pickle_module"] = pickle_module
-    if _compat.LOAD_HAS_WEIGHTS_ONLY:
-        kwargs["weights_only"] = False
     return _quiet_torch_load(f, map_location=map_location, **kwargs)
 
 
@@ -167,7 +167,10 @@ def _mmap_kwargs(use_mmap: bool) -> Dict[str, Any]:
 
 @_compat.register_binder
 def _bind() -> None:
-    global _defer_to_torch, _mmap_supported, _assign_supported
+    global _defer_to_torch, _mmap_supported, _assign_supported, _full_load_kwargs
+    # torch >= 1.13 takes weights_only; a full unpickle says so explicitly (torch 2.6's default
+    # and TORCH_FORCE_* environment variables decide nothing then).
+    _full_load_kwargs = {"weights_only": False} if _compat.LOAD_HAS_WEIGHTS_ONLY else {}
     # torch 2.6 (the release whose weights-only loader refuses TorchScript archives, the fix for
     # CVE-2025-32434, and made weights_only the default): from there on torch's weights-only
     # unpickler is at least as strict as ours for every opcode it supports, so files that only
@@ -249,17 +252,19 @@ def _first_line(exc: BaseException) -> str:
 class _ZipFacts:
     """What load needs to know about a zip checkpoint, read from its central directory."""
 
-    __slots__ = ("problem", "storages_stored")
+    __slots__ = ("problem", "storages_stored", "scan")
 
     def __init__(self, problem: Optional[str], storages_stored: bool) -> None:
         self.problem = problem
         self.storages_stored = storages_stored
+        self.scan: Optional[_unpickler.ScanResult] = None  # data.pkl's, when asked for
 
 
-def _zip_facts(f: Any) -> _ZipFacts:
+def _zip_facts(f: Any, scan: bool) -> _ZipFacts:
     """Central-directory facts (nothing is decompressed): torch's record prefix, whether it is
     a TorchScript archive, whether data.pkl exists and every storage is stored uncompressed,
-    and whether each storage's entry is sound."""
+    and whether each storage's entry is sound; with ``scan``, also data.pkl's globals, from
+    the same open archive (the directory is read once)."""
     import zipfile
 
     with contextlib.ExitStack() as stack:
@@ -273,7 +278,10 @@ def _zip_facts(f: Any) -> _ZipFacts:
             return _ZipFacts(
                 "the zip archive is truncated or corrupt (its directory is unreadable)", False
             )
-        return _storage_facts(archive, infos)
+        facts = _storage_facts(archive, infos)
+        if scan and facts.problem is None:
+            facts.scan = _unpickler.scan_archive(archive)
+        return facts
 
 
 def _storage_facts(archive: Any, infos: List[Any]) -> _ZipFacts:
@@ -492,7 +500,7 @@ def _load(
     if _looks_like_safetensors(src, head):
         return _load_safetensors(src, name, map_location)
     is_zip = head.startswith(_ZIP_MAGIC)
-    facts = _zip_facts(src) if is_zip else None
+    facts = _zip_facts(src, scan=safe) if is_zip else None
     want_mmap = bool(mmap) or (mmap_for_copy and mmap is not False)
     use_mmap = bool(
         want_mmap and _mmap_supported and facts and facts.storages_stored and _is_path(src)
@@ -537,7 +545,7 @@ def _load(
                 f"cannot load checkpoint {name}: it is not a PyTorch checkpoint (it starts "
                 f"with {head[:8]!r})"
             )
-    scan = _unpickler.scan_file(src)
+    scan = facts.scan if facts is not None and facts.scan is not None else _unpickler.scan_file(src)
     if start is not None:
         src.seek(start)
     unsafe = _unpickler.unsafe_globals(scan.globals, extra)
@@ -557,7 +565,8 @@ def _load(
         _defer_to_torch
         and scan.torch_opcodes_only
         and encoding == "utf-8"
-        and not _unpickler.unsafe_globals(scan.globals, {k: None for k in _user_globals()})
+        # only torch's list and the user's add_safe_globals, which torch's loader honours too
+        and not _unpickler.unsafe_globals(scan.globals, {})
         and not set(scan.globals) & (set(extra) | _STRICTER_HERE)
     )
     if defer:
@@ -569,10 +578,6 @@ def _load(
 
 # Globals whose REDUCE ours checks more strictly than torch (bytearray(<int>) allocates).
 _STRICTER_HERE = frozenset({"builtins.bytearray"})
-
-
-def _user_globals() -> Dict[str, Any]:
-    return _unpickler.user_safe_globals()
 
 
 def _wrap_failures(name: str, run: Callable[[], Any]) -> Any:
@@ -718,17 +723,8 @@ def load_state_dict(
         # Storages may be memory-mapped here (zip files by path, uncompressed, torch >= 2.1):
         # the in-place copy into the model below happens before this call returns. Not with
         # assign=True, where the model would keep the mapped tensors.
-        obj = _load(
-            source,
-            "cpu",
-            None,
-            weights_only=True,
-            mmap=None,
-            allow=(),
-            encoding="utf-8",
-            mmap_for_copy=not assign,
-        )
-    if isinstance(obj, Mapping) and obj.get("__safetorch__") == "safetorch.state/1":
+        obj = load_for_copy(source, may_map=not assign)
+    if isinstance(obj, Mapping) and obj.get("__safetorch__") == STATE_FORMAT:
         obj = obj["objects"]  # a st.save_state file: the models' state dicts are in there
     state_dict, source_key = find_state_dict(obj, key)
     target = model.state_dict(keep_vars=True)
@@ -819,18 +815,18 @@ def _load_from_layout(
         raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
 
 
-def load_for_copy(path: str) -> Any:
-    """Weights-only load whose tensors are copied by the caller before it returns (so the
-    file may be memory-mapped); used for ``.bin`` shards."""
+def load_for_copy(source: Any, may_map: bool = True) -> Any:
+    """Weights-only load whose tensors the caller copies before it returns, so the file may be
+    memory-mapped (``may_map``); used by ``load_state_dict`` and for ``.bin`` shards."""
     return _load(
-        path,
+        source,
         "cpu",
         None,
         weights_only=True,
         mmap=None,
         allow=(),
         encoding="utf-8",
-        mmap_for_copy=True,
+        mmap_for_copy=may_map,
     )
 
 
@@ -839,17 +835,13 @@ def load_for_copy(path: str) -> Any:
 # fsync the directory -- the one writer shared with `safetorch check --fix`.
 
 
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
 def on_rank0(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on rank 0 only; every rank returns its result once it has finished.
 
     Without an initialized process group, just calls ``fn``. The result (or the failure) is
     broadcast, so no rank waits forever when rank 0 fails.
     """
-    if not _distributed():
+    if not _dist.initialized():
         return fn()
     dist = torch.distributed
     box: list = [None, None]

@@ -243,10 +243,9 @@ class ShardedIndex(Layout):
             by_shard[self.weight_map[source]].append((target, source))
         for shard, items in sorted(by_shard.items()):
             if self._is_safetensors(shard):
-                st_torch = _safetensors_module()
+                _safetensors_module()  # the install hint, if the package is missing
                 from safetensors import safe_open
 
-                del st_torch
                 with safe_open(shard, framework="pt", device="cpu") as fh:
                     apply({t: fh.get_tensor(s) for t, s in items})
             else:
@@ -352,8 +351,9 @@ def dcp_load(state_dict: Dict[str, Any], directory: str, planner: Any = None) ->
         if hasattr(dcp, "load"):
             dcp.load(state_dict, **kwargs)
         else:
-            dist = torch.distributed
-            if not (dist.is_available() and dist.is_initialized()):
+            from safetorch import _dist
+
+            if not _dist.initialized():
                 kwargs["no_dist"] = True
             dcp.load_state_dict(state_dict, **kwargs)
 
@@ -478,13 +478,13 @@ def dcp_to_object(directory: str) -> Any:
     The nesting comes from DCP's own ``planner_data`` (flattened key -> original path) where
     it is present, else from the first key segment.
     """
-    from safetorch.checkpoint.state import _SafePlanner
+    from safetorch.checkpoint.state import _safe_planner
 
     dcp_dir = DCPDirectory(directory, directory)
     flat: Dict[str, Any] = {}
     for key, value in dcp_dir.flat_meta().items():
         flat[key] = torch.empty(value.shape, dtype=value.dtype) if torch.is_tensor(value) else None
-    dcp_load(flat, directory, planner=_SafePlanner.make())
+    dcp_load(flat, directory, planner=_safe_planner())
     paths = getattr(dcp_dir.metadata, "planner_data", None) or {}
     if not paths:
         return nest_flat_keys(flat)

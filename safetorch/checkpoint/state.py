@@ -47,8 +47,9 @@ _RESERVED = ("__safetorch__", "rng", "extras")
 
 # --- process groups ----------------------------------------------------------------------------
 def _dist() -> Any:
-    dist = torch.distributed
-    return dist if dist.is_available() and dist.is_initialized() else None
+    from safetorch import _dist as plain
+
+    return torch.distributed if plain.initialized() else None
 
 
 def _rank() -> int:
@@ -89,12 +90,6 @@ def _all_gather(value: Any) -> List[Any]:
     key = f"safetorch/gather/{next(_gathers)}/{{}}"
     store.set(key.format(dist.get_rank()), plain._dumps(value))  # type: ignore[arg-type]  # bytes: Store.set takes them (its stub says str)
     return [plain._loads(store.get(key.format(r))) for r in range(dist.get_world_size())]
-
-
-def _broadcast(value: Any) -> Any:
-    from safetorch import _dist as plain
-
-    return plain.broadcast_from_rank0(value)
 
 
 # --- RNG -------------------------------------------------------------------------------------
@@ -253,7 +248,11 @@ def _save_dcp(
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"cannot write {path!r}: directory {parent!r} does not exist")
-    tmp = _broadcast(os.path.join(parent, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp"))
+    from safetorch import _dist as plain
+
+    tmp = plain.broadcast_from_rank0(
+        os.path.join(parent, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    )
     if hasattr(dcp, "save"):  # torch 2.2+
         dcp.save(state, checkpoint_id=tmp)
     else:
@@ -343,24 +342,22 @@ def _restore_rank_rng(rng: Mapping[str, Any]) -> None:
         restore_rng(mine)
 
 
-class _SafePlanner:
-    """Factory of a DefaultLoadPlanner whose byte entries load weights-only (st.load)."""
+def _safe_planner() -> Any:
+    """A DefaultLoadPlanner whose byte entries load weights-only (st.load) rather than through
+    DCP's own ``torch.load(weights_only=False)``."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    @staticmethod
-    def make() -> Any:
-        from torch.distributed.checkpoint import DefaultLoadPlanner
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            from safetorch.checkpoint.io import load
 
-        class SafeLoadPlanner(DefaultLoadPlanner):
-            def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-                from safetorch.checkpoint.io import load
+            obj = load(value)  # weights-only; refuses anything else
+            clean = io.BytesIO()
+            torch.save(obj, clean)  # what DCP's own path then unpickles is benign
+            clean.seek(0)
+            super().load_bytes(read_item, clean)
 
-                obj = load(value)  # weights-only; refuses anything else
-                clean = io.BytesIO()
-                torch.save(obj, clean)  # what DCP's own path then unpickles is benign
-                clean.seek(0)
-                super().load_bytes(read_item, clean)
-
-        return SafeLoadPlanner()
+    return SafeLoadPlanner()
 
 
 def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
@@ -393,7 +390,7 @@ def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
             state[name] = torch.empty(size, dtype=torch.uint8)
             plan.append((name, obj, "blob"))
     state["__safetorch__"] = torch.empty(blob_meta.size, dtype=torch.uint8)
-    layouts.dcp_load(state, path, planner=_SafePlanner.make())
+    layouts.dcp_load(state, path, planner=_safe_planner())
     for name, obj, kind in plan:
         if kind == "model":
             set_model_state_dict(obj, state[name])

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from safetorch import _compat
+from safetorch import _compat, _dist
 from safetorch._stack import user_stacklevel
 from safetorch.errors import DistributedWarning, SafetorchWarning
 
@@ -107,7 +107,7 @@ def _bind_torch_syncbn() -> None:
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return _dist.initialized()
 
 
 # --- the portable synchronized batch norm ----------------------------------------------------
@@ -587,7 +587,7 @@ def convert_sync_batchnorm(
         reason = _no_sync_reason(process_group)
         if reason is not None:
             _log.debug("convert_sync_batchnorm: %s; module returned unchanged", reason)
-            if not (dist.is_available() and dist.is_initialized()):
+            if not _dist.initialized():
                 _warn_launched_without_group(reason)
             return module
 

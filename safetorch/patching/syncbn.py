@@ -13,6 +13,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
+from safetorch import _dist
 from safetorch.patching import registry
 
 __all__: list = []
@@ -22,9 +23,8 @@ _impl = importlib.import_module("safetorch.nn.syncbn")
 
 
 def _world() -> str:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return f"world size {dist.get_world_size()}"
+    if _dist.initialized():
+        return f"world size {torch.distributed.get_world_size()}"
     return "no process group: BatchNorm kept"
 
 
