@@ -16,18 +16,39 @@ from typing import Any, Dict, List
 
 __version__ = "0.1.0.dev0"
 
-# The areas whose ``__all__`` make up the public API, in ``__all__`` order; ``errors`` adds its
-# names after the four below, as the eager package did.
-_STAR_AREAS = ("tensor", "device", "checkpoint", "nn", "data", "timing", "patching")
+# The public surface (``__all__``): the safe functions and classes (one or a few per pitfall,
+# see safetorch._pitfalls), the patch API, and the errors and warnings a user catches or
+# filters. Everything else is plumbing: importable from its subpackage (``safetorch.checkpoint
+# .match_keys``, ``safetorch.nn.recalibrate_bn``, ...) and, so that code written against the
+# earlier flat namespace keeps working, still resolved as ``st.<name>``, but not exported by
+# ``from safetorch import *`` nor listed by ``dir(safetorch)``.
+_PUBLIC = (
+    # tensors
+    *("safe_copy", "checked_index", "index_select", "gather"),
+    # checkpoints
+    *("load", "load_state_dict", "save_checkpoint", "CheckpointSaver", "save_state", "load_state"),
+    # nn
+    *("upsample", "upsample_nearest", "upsample_bilinear", "Upsample"),
+    *("SyncBatchNorm", "convert_sync_batchnorm", "lint_model"),
+    # data and timing
+    *("PinnedBatch", "check_loader", "cuda_timer"),
+    # patch API
+    *("patch", "unpatch", "patched", "patches"),
+    # errors and warnings
+    *("SafetorchError", "SafetorchWarning", "CheckpointError", "UnsafeCheckpointError"),
+    "IndexOutOfBoundsError",
+)
+# The areas whose ``__all__`` names stay reachable as ``st.<name>`` (the flat namespace of
+# earlier releases).
+_STAR_AREAS = ("errors", "tensor", "device", "checkpoint", "nn", "data", "timing", "patching")
 _SUBMODULES = (
     *("checkpoint", "data", "device", "errors", "findings"),
     *("nn", "patching", "tensor", "timing", "legacy"),
 )
-_HEAD = ["__version__", "accelerator_available", "get_index_check", "set_index_check", "Finding"]
-# Helpers of this lazy module: kept out of dir(), which lists what the eager package had.
+# Helpers of this lazy module: kept out of dir().
 _PRIVATE = frozenset({"annotations", "importlib", "Any", "Dict", "List", "_load"})
 _PRIVATE |= {"__dir__"}
-_PRIVATE |= {"__getattr__", "_loading", "_STAR_AREAS", "_SUBMODULES", "_HEAD", "_PRIVATE"}
+_PRIVATE |= {"__getattr__", "_loading", "_STAR_AREAS", "_SUBMODULES", "_PUBLIC", "_PRIVATE"}
 _loading = False
 
 
@@ -44,16 +65,11 @@ def _load() -> Dict[str, Any]:
         for name in ("accelerator_available", "get_index_check", "set_index_check"):
             namespace[name] = getattr(device_policy, name)
         namespace["Finding"] = modules["findings"].Finding
-        errors = modules["errors"]
-        for name in errors.__all__:
-            namespace[name] = getattr(errors, name)
-        public: List[str] = [*_HEAD, *errors.__all__]
         for area in _STAR_AREAS:
             module = modules[area]
             for name in module.__all__:
                 namespace[name] = getattr(module, name)
-            public.extend(module.__all__)
-        namespace["__all__"] = public
+        namespace["__all__"] = list(_PUBLIC)
     finally:
         _loading = False
     return namespace
@@ -73,4 +89,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> List[str]:
-    return sorted(n for n in _load() if n not in _PRIVATE)
+    # The exported names, the subpackages and the module's dunders (not the flat plumbing).
+    namespace = _load()
+    shown = {*namespace["__all__"], *_SUBMODULES, "check", "__version__"}
+    return sorted(n for n in namespace if n in shown or (n.startswith("__") and n not in _PRIVATE))

@@ -24,7 +24,7 @@ class Pitfall(NamedTuple):
     id: str
     title: str
     problem: str
-    functions: Tuple[str, ...]  # public names, "st.<name>"
+    functions: Tuple[str, ...]  # "st.<name>" (exported) or "st.<subpackage>.<name>"
     patch: Optional[str]  # the st.patch() family
     rules: Tuple[str, ...]  # safetorch check codes
     finding: Optional[str]  # runtime finding id (Finding.rule)
@@ -59,7 +59,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "wrapped-state-dict",
         "Wrapper prefixes break loading",
         "DataParallel/DDP/compile/FSDP add module./_orig_mod./... to every key",
-        ("st.load_state_dict", "st.unwrap_model"),
+        ("st.load_state_dict", "st.checkpoint.unwrap_model"),
         "state_dict",
         ("ST011",),
         None,
@@ -143,7 +143,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "bn-statistics",
         "Meaningless BatchNorm statistics",
         "batches of one, no running stats or odd momentum make eval much worse than train",
-        ("st.lint_model", "st.recalibrate_bn", "st.bn_report"),
+        ("st.lint_model", "st.nn.recalibrate_bn", "st.nn.bn_report"),
         None,
         ("ST015",),
         "bn-batch-of-one",
@@ -165,7 +165,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "unpinned-batch",
         "pin_memory=True silently skips custom batches",
         "batch objects without pin_memory() stay pageable: no overlap of copy and compute",
-        ("st.PinnedBatch", "st.pin", "st.collate"),
+        ("st.PinnedBatch", "st.data.pin", "st.data.collate"),
         "pin_memory",
         ("ST010",),
         "batch-not-pinnable",
@@ -175,7 +175,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "loader-settings",
         "DataLoader settings that waste or skew work",
         "a partial last batch into BatchNorm, no workers, pin_memory without an accelerator",
-        ("st.check_loader", "st.SafeDataLoader"),
+        ("st.check_loader", "st.data.SafeDataLoader"),
         None,
         (),
         "partial-last-batch",
@@ -187,7 +187,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "unsynced-cuda-timing",
         "Timing CUDA without synchronizing",
         "CUDA is asynchronous: wall-clock readings time the launch, not the work",
-        ("st.cuda_timer", "st.benchmark"),
+        ("st.cuda_timer", "st.timing.benchmark"),
         None,
         ("ST006",),
         None,
@@ -209,7 +209,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "data-parallel",
         "nn.DataParallel",
         "slower than DDP and overloads cuda:0 with the gathered outputs",
-        ("st.BalancedDataParallel", "st.unwrap_model"),
+        ("st.nn.BalancedDataParallel", "st.checkpoint.unwrap_model"),
         None,
         ("ST013",),
         None,

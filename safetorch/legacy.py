@@ -56,28 +56,52 @@ __all__ = [
 
 # --- results -------------------------------------------------------------------------------
 class SolveResult(NamedTuple):
-    """``torch.solve``'s namedtuple: ``(solution, LU)``."""
+    """``torch.solve``'s namedtuple: ``(solution, LU)``.
+
+    >>> import torch
+    >>> from safetorch.legacy import solve
+    >>> solve(torch.ones(1, 1), 2 * torch.eye(1)).solution
+    tensor([[0.5000]])
+    """
 
     solution: torch.Tensor
     LU: torch.Tensor
 
 
 class SymeigResult(NamedTuple):
-    """``torch.symeig``'s namedtuple: ``(eigenvalues, eigenvectors)``."""
+    """``torch.symeig``'s namedtuple: ``(eigenvalues, eigenvectors)``.
+
+    >>> import torch
+    >>> from safetorch.legacy import symeig
+    >>> symeig(torch.eye(2)).eigenvalues
+    tensor([1., 1.])
+    """
 
     eigenvalues: torch.Tensor
     eigenvectors: torch.Tensor
 
 
 class EigResult(NamedTuple):
-    """``torch.eig``'s namedtuple: ``(eigenvalues, eigenvectors)``, both real."""
+    """``torch.eig``'s namedtuple: ``(eigenvalues, eigenvectors)``, both real.
+
+    >>> import torch
+    >>> from safetorch.legacy import eig
+    >>> eig(2 * torch.eye(1)).eigenvalues
+    tensor([[2., 0.]])
+    """
 
     eigenvalues: torch.Tensor
     eigenvectors: torch.Tensor
 
 
 class LstsqResult(NamedTuple):
-    """``torch.lstsq``'s namedtuple: ``(solution, QR)``."""
+    """``torch.lstsq``'s namedtuple: ``(solution, QR)``.
+
+    >>> import torch
+    >>> from safetorch.legacy import lstsq
+    >>> lstsq(torch.ones(1, 1), 2 * torch.eye(1)).solution
+    tensor([[0.5000]])
+    """
 
     solution: torch.Tensor
     QR: torch.Tensor
