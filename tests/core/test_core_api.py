@@ -25,7 +25,9 @@ def test_the_exported_surface_is_small() -> None:
     # Issue 16: about 25 names -- the safe functions and classes, the patch API, errors and
     # warnings. Plumbing stays importable from its subpackage (and as st.<name>).
     assert 20 <= len(st.__all__) <= 30, st.__all__
-    assert {"load", "load_state_dict", "checked_index", "patch", "SafetorchError"} <= set(st.__all__)
+    assert {"load", "load_state_dict", "checked_index", "patch", "SafetorchError"} <= set(
+        st.__all__
+    )
     for name in ("match_keys", "canonical_key", "raise_deferred", "BNLayerStats", "benchmark"):
         assert name not in st.__all__ and name not in dir(st)
         assert getattr(st, name) is not None  # the flat name of earlier releases still resolves
