@@ -87,10 +87,10 @@ def broadcast_from_rank0(value: Any) -> Any:
     if not initialized():
         return value
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d
 
-    # _get_default_store: torch 1.13 to 2.14 (the store init_process_group was given or built).
-    store = distributed_c10d._get_default_store()
+    from safetorch import _compat
+
+    store = _compat.default_store()
     key = _KEY.format(next(_calls))
     if dist.get_rank() == 0:
         try:

@@ -158,6 +158,11 @@ def _patch_mode() -> Dict[str, Any]:
     pth = os.path.join(hook.default_dir(), hook.PTH_NAME)
     info["hook"] = pth if os.path.exists(pth) else None
     info["active"] = registry.active_names()
+    # Every patch family with the pitfall-table rows it routes (safetorch._pitfalls ids).
+    info["patches"] = [
+        {"name": p.name, "pitfalls": list(p.pitfalls), "active": registry.is_active(p.name)}
+        for p in registry.declared()
+    ]
     value = (info["SAFETORCH_PATCH"] or "").strip()
     if value and value.lower() not in ("0", "off", "none", "false"):
         try:
@@ -223,6 +228,9 @@ def _print_text(report: Dict[str, Any]) -> None:
     if mode.get("available"):
         w(f"  {'hook':<17} {mode['hook'] or 'not installed (safetorch install-hook)'}\n")
         w(f"  {'active here':<17} {', '.join(mode['active']) or 'none'}\n")
+        for p in mode.get("patches", []):
+            state = "on" if p["active"] else "off"
+            w(f"  patch {p['name']:<11} {state:<4} pitfalls: {', '.join(p['pitfalls'])}\n")
     w("\nversions\n")
     for k, v in report["versions"].items():
         w(f"  {k:<12} {v}\n")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Tuple
 
-__all__ = ["Pitfall", "PITFALLS", "by_id", "markdown_table"]
+__all__ = ["Pitfall", "PITFALLS", "by_id", "for_rule", "for_finding", "for_patch", "markdown_table"]
 
 
 class Pitfall(NamedTuple):
@@ -27,52 +27,53 @@ class Pitfall(NamedTuple):
     functions: Tuple[str, ...]  # "st.<name>" (exported) or "st.<subpackage>.<name>"
     patch: Optional[str]  # the st.patch() family
     rules: Tuple[str, ...]  # safetorch check codes
-    finding: Optional[str]  # runtime finding id (Finding.rule)
+    findings: Tuple[str, ...]  # runtime finding ids (Finding.rule) of lint_model/check_loader
     docs: str  # docs page and anchor
     no_patch: str = ""  # why there is no patch, when there is none
     no_rule: str = ""  # why there is no rule, when there is none
+    no_function: str = ""  # why there is no safetorch function, when there is none
 
 
 PITFALLS: Tuple[Pitfall, ...] = (
     Pitfall(
-        "unsafe-load",
+        "load-without-weights-only",
         "Loading a checkpoint runs its code",
         "torch.load unpickles arbitrary objects unless weights_only=True (the default only "
         "from torch 2.6)",
         ("st.load",),
         "load",
         ("ST003",),
-        None,
+        (),
         "docs/checkpoints.md#load-safely-on-every-torch",
     ),
     Pitfall(
-        "load-device",
+        "load-without-map-location",
         "Checkpoints load onto the device they were saved from",
         "a GPU-saved checkpoint fails on a CPU-only machine without map_location",
         ("st.load",),
         "load",
         ("ST004",),
-        None,
+        (),
         "docs/checkpoints.md#load-safely-on-every-torch",
     ),
     Pitfall(
-        "wrapped-state-dict",
+        "state-dict-of-wrapped-model",
         "Wrapper prefixes break loading",
         "DataParallel/DDP/compile/FSDP add module./_orig_mod./... to every key",
         ("st.load_state_dict", "st.checkpoint.unwrap_model"),
         "state_dict",
         ("ST011",),
-        None,
+        (),
         "docs/checkpoints.md#load-a-checkpoint-into-any-model-wrapped-or-not",
     ),
     Pitfall(
-        "silent-nonstrict-load",
+        "discarded-nonstrict-load",
         "strict=False hides what did not load",
         "load_state_dict(strict=False) reports mismatches only in a return value code ignores",
         ("st.load_state_dict",),
         "state_dict",
         ("ST012",),
-        None,
+        (),
         "docs/checkpoints.md#load-a-checkpoint-into-any-model-wrapped-or-not",
     ),
     Pitfall(
@@ -82,18 +83,18 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.checked_index", "st.index_select", "st.gather"),
         "index",
         (),
-        None,
+        (),
         "docs/tensors.md#checked-indexing-stchecked_index-stindex_select-stgather",
         no_rule="index values are runtime data: no static rule can tell a bad index",
     ),
     Pitfall(
-        "detach-inplace",
+        "detach-then-inplace",
         "detach() shares memory",
         "an in-place op on a detached tensor changes the original (a 'snapshot' that is not)",
         ("st.safe_copy",),
         None,
         ("ST005",),
-        None,
+        (),
         "docs/tensors.md#stsafe_copyobj-detachclone-semantics-also-for-nested-state-dicts",
         no_patch="detach() is right in most code; only its use as a copy is the pitfall",
     ),
@@ -104,17 +105,17 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.upsample", "st.upsample_nearest", "st.upsample_bilinear", "st.Upsample"),
         "upsample",
         ("ST001", "ST002"),
-        None,
+        (),
         "docs/nn.md#upsampling-without-the-deprecated-entry-points",
     ),
     Pitfall(
-        "syncbn-without-process-group",
+        "torch-syncbn-device",
         "SyncBatchNorm where it cannot run",
         "convert_sync_batchnorm converts without a process group or on devices it cannot use",
         ("st.convert_sync_batchnorm", "st.SyncBatchNorm"),
         "syncbn",
         ("ST014",),
-        "torch-syncbn-device",
+        ("torch-syncbn-device",),
         "docs/nn.md#syncbatchnorm-that-also-runs-on-cpugloo-converted-only-when-it-means-something",
     ),
     Pitfall(
@@ -124,7 +125,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.lint_model",),
         None,
         ("ST008",),
-        "bias-before-bn",
+        ("bias-before-bn",),
         "docs/nn.md#model-lint-bias-before-bn-dropout-before-bn-meaningless-bn-statistics",
         no_patch="a model's structure is reported, never rewritten at run time",
     ),
@@ -135,7 +136,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.lint_model",),
         None,
         ("ST009",),
-        "dropout-before-bn",
+        ("dropout-before-bn",),
         "docs/nn.md#model-lint-bias-before-bn-dropout-before-bn-meaningless-bn-statistics",
         no_patch="a model's structure is reported, never rewritten at run time",
     ),
@@ -146,29 +147,29 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.lint_model", "st.nn.recalibrate_bn", "st.nn.bn_report"),
         None,
         ("ST015",),
-        "bn-batch-of-one",
+        ("bn-batch-of-one", "bn-no-running-stats", "bn-momentum"),
         "docs/nn.md#eval-much-worse-than-train-batchnorm-statistics",
         no_patch="statistics are a property of the data and model, checked and recalibrated",
     ),
     Pitfall(
-        "functional-dropout-in-eval",
+        "functional-dropout-without-training",
         "F.dropout stays on in eval mode",
         "F.dropout(x, p) in forward ignores model.eval() unless training=self.training",
         ("st.lint_model",),
         None,
         ("ST016",),
-        None,
+        (),
         "docs/check.md#rules",
         no_patch="F.dropout's training flag is the caller's; changing it would change training",
     ),
     Pitfall(
-        "unpinned-batch",
+        "batch-not-pinnable",
         "pin_memory=True silently skips custom batches",
         "batch objects without pin_memory() stay pageable: no overlap of copy and compute",
         ("st.PinnedBatch", "st.data.pin", "st.data.collate"),
         "pin_memory",
         ("ST010",),
-        "batch-not-pinnable",
+        ("batch-not-pinnable",),
         "docs/data.md#batches-that-actually-get-pinned-stpinnedbatch-stcollate-stpin",
     ),
     Pitfall(
@@ -178,7 +179,12 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.check_loader", "st.data.SafeDataLoader"),
         None,
         (),
-        "partial-last-batch",
+        (
+            "partial-last-batch",
+            "last-batch-size-1-batchnorm",
+            "num-workers-0",
+            "pin-memory-no-accelerator",
+        ),
         "docs/data.md#loader-checks-stcheck_loader-stsafedataloader",
         no_patch="loader settings are the user's choice: checked and explained, not changed",
         no_rule="batch and dataset sizes are runtime values",
@@ -190,7 +196,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.cuda_timer", "st.timing.benchmark"),
         None,
         ("ST006",),
-        None,
+        (),
         "docs/timing.md#timing",
         no_patch="a clock reading cannot be told from other clock readings at run time",
     ),
@@ -202,7 +208,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.legacy",),
         "legacy",
         ("ST017", "ST018", "ST019", "ST020", "ST021", "ST022"),
-        None,
+        (),
         "docs/patching.md#legacy-code-on-new-torch-legacy-patch",
     ),
     Pitfall(
@@ -212,9 +218,22 @@ PITFALLS: Tuple[Pitfall, ...] = (
         ("st.nn.BalancedDataParallel", "st.checkpoint.unwrap_model"),
         None,
         ("ST013",),
-        None,
+        (),
         "docs/data.md#stbalanceddataparallel",
         no_patch="replacing the parallel wrapper changes how a script is launched",
+    ),
+    Pitfall(
+        "positional-with-default",
+        "A positional argparse argument with a default",
+        "argparse ignores default= on a positional without nargs='?': the argument stays "
+        "required and the default is dead",
+        (),
+        None,
+        ("ST007",),
+        (),
+        "docs/check.md#rules",
+        no_patch="argparse is not torch: safetorch never patches it",
+        no_function="the fix is one keyword (nargs='?'), written by safetorch check --fix",
     ),
 )
 
@@ -222,13 +241,46 @@ PITFALLS: Tuple[Pitfall, ...] = (
 def by_id(pitfall_id: str) -> Pitfall:
     """The row with this id.
 
-    >>> by_id("unsafe-load").functions
+    >>> by_id("load-without-weights-only").functions
     ('st.load',)
     """
     for row in PITFALLS:
         if row.id == pitfall_id:
             return row
     raise KeyError(f"no pitfall {pitfall_id!r}; ids: {[r.id for r in PITFALLS]}")
+
+
+def for_rule(code: str) -> Pitfall:
+    """The row a ``safetorch check`` rule code belongs to.
+
+    >>> for_rule("ST008").id
+    'bias-before-bn'
+    """
+    for row in PITFALLS:
+        if code in row.rules:
+            return row
+    raise KeyError(f"no pitfall lists rule {code!r}")
+
+
+def for_finding(finding_id: str) -> Pitfall:
+    """The row a runtime finding id (``Finding.rule``) belongs to.
+
+    >>> for_finding("bn-momentum").id
+    'bn-statistics'
+    """
+    for row in PITFALLS:
+        if finding_id in row.findings:
+            return row
+    raise KeyError(f"no pitfall lists finding {finding_id!r}")
+
+
+def for_patch(name: str) -> Tuple[str, ...]:
+    """The ids of the pitfalls a monkeypatch family routes (``st.patch(name)``).
+
+    >>> for_patch("load")
+    ('load-without-weights-only', 'load-without-map-location')
+    """
+    return tuple(row.id for row in PITFALLS if row.patch == name)
 
 
 def markdown_table() -> str:
@@ -239,7 +291,7 @@ def markdown_table() -> str:
     """
     lines: List[str] = ["| pitfall | safe function | patch | rule |", "|---|---|---|---|"]
     for row in PITFALLS:
-        functions = ", ".join(f"`{f}`" for f in row.functions)
+        functions = ", ".join(f"`{f}`" for f in row.functions) or "-"
         patch = f"`{row.patch}`" if row.patch else "-"
         rules = ", ".join(row.rules) or "-"
         lines.append(f"| [{row.title}]({row.docs}) | {functions} | {patch} | {rules} |")

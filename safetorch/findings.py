@@ -13,7 +13,8 @@ class Finding:
     """One problem found by a runtime check.
 
     Attributes:
-        rule: Stable rule id, e.g. ``"bias-before-bn"``.
+        rule: Stable finding id, e.g. ``"bias-before-bn"``; ``pitfall`` names the pitfall-table
+            row it belongs to (the same id where the pitfall has one finding).
         where: What the finding is about: a module path (``"backbone.conv1"``) or ``"loader"``.
         message: What is wrong and why it matters, with the numbers involved.
         fix: The suggested fix, as code or a short instruction; ``None`` if there is none.
@@ -28,6 +29,18 @@ class Finding:
     where: str
     message: str
     fix: Optional[str] = None
+
+    @property
+    def pitfall(self) -> str:
+        """The id of this finding's row in the pitfall table (``safetorch._pitfalls``).
+
+        >>> from safetorch.findings import Finding
+        >>> Finding("bn-momentum", "bn", "momentum=0.9 looks like 1 - momentum").pitfall
+        'bn-statistics'
+        """
+        from safetorch import _pitfalls
+
+        return _pitfalls.for_finding(self.rule).id
 
     def __str__(self) -> str:
         tail = f" (fix: {self.fix})" if self.fix else ""

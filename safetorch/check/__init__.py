@@ -57,9 +57,21 @@ def explain(code: str) -> str:
 
     >>> print(explain("ST003").splitlines()[0])
     ST003 (load-without-weights-only): torch.load unpickles arbitrary objects unless weights_only=True
+    >>> print(explain("ST008").splitlines()[1])
+    pitfall: bias-before-bn (A bias right before BatchNorm), docs/nn.md#model-lint-bias-before-bn-dropout-before-bn-meaningless-bn-statistics
     """
     import inspect
 
+    from safetorch import _pitfalls
+
     rule = rule_for(code)
     doc = inspect.cleandoc(rule.__doc__ or "")
-    return f"{rule.code} ({rule.name}): {rule.pitfall}\n\n{doc}\n"
+    head = f"{rule.code} ({rule.name}): {rule.pitfall}\n"
+    if rule.pitfall_id:
+        row = _pitfalls.by_id(rule.pitfall_id)
+        faces = [f"safetorch: {', '.join(row.functions)}"] if row.functions else []
+        faces += [f"patch: st.patch({row.patch!r})"] if row.patch else []
+        faces += [f"runtime check: {', '.join(row.findings)}"] if row.findings else []
+        head += f"pitfall: {row.id} ({row.title}), {row.docs}\n"
+        head += "".join(f"  {face}\n" for face in faces)
+    return f"{head}\n{doc}\n"

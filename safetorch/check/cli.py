@@ -279,6 +279,7 @@ def _list_rules(fmt: str) -> None:
             {
                 "code": r.code,
                 "name": r.name,
+                "pitfall_id": r.pitfall_id,
                 "pitfall": r.pitfall,
                 "safetorch": r.safetorch,
                 "fix": r.fix_applicability if r.fixable else "manual",
@@ -292,6 +293,8 @@ def _list_rules(fmt: str) -> None:
         target = r.safetorch or "-"
         print(f"{r.code}  {r.name:<38} fix: {fix:<12} safetorch: {target}")
         print(f"       {r.pitfall}")
+        if r.pitfall_id:
+            print(f"       pitfall: {r.pitfall_id}")
 
 
 def _gh_escape(text: str, prop: bool = False) -> str:
@@ -336,7 +339,11 @@ def format_sarif(diagnostics: Sequence[Any]) -> Dict[str, Any]:
             "name": r.name,
             "shortDescription": {"text": r.pitfall},
             "help": {"text": f"safetorch check --explain {r.code}"},
-            "properties": {"safetorch": r.safetorch, "fix": r.fix_applicability},
+            "properties": {
+                "safetorch": r.safetorch,
+                "fix": r.fix_applicability,
+                "pitfall": r.pitfall_id,
+            },
         }
         for r in RULE_TABLE.values()
     ]

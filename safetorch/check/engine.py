@@ -393,6 +393,8 @@ class Rule:
 
     code: ClassVar[str] = ""
     name: ClassVar[str] = ""
+    #: The id of its row in the pitfall table (``safetorch._pitfalls``).
+    pitfall_id: ClassVar[str] = ""
     #: One line: what goes wrong.
     pitfall: ClassVar[str] = ""
     #: The public safetorch function for this pitfall (``"st.load"``), if there is one.

@@ -118,6 +118,8 @@ class DeprecatedUpsampleFunction(Rule):
     """
 
     code = "ST001"
+
+    pitfall_id = "deprecated-upsample"
     name = "deprecated-upsample-function"
     pitfall = "F.upsample* are deprecated; upsample_bilinear implies align_corners=True"
     safetorch = "st.upsample"
@@ -160,6 +162,8 @@ class DeprecatedUpsamplingModule(Rule):
     """
 
     code = "ST002"
+
+    pitfall_id = "deprecated-upsample"
     name = "deprecated-upsampling-module"
     pitfall = "nn.Upsampling*2d are deprecated; UpsamplingBilinear2d implies align_corners=True"
     safetorch = "st.Upsample"
@@ -206,6 +210,8 @@ class LoadWithoutWeightsOnly(Rule):
     """
 
     code = "ST003"
+
+    pitfall_id = "load-without-weights-only"
     name = "load-without-weights-only"
     pitfall = "torch.load unpickles arbitrary objects unless weights_only=True"
     safetorch = "st.load"
@@ -246,6 +252,8 @@ class LoadWithoutMapLocation(Rule):
     """
 
     code = "ST004"
+
+    pitfall_id = "load-without-map-location"
     name = "load-without-map-location"
     pitfall = "torch.load restores tensors to the device they were saved from"
     safetorch = "st.load"
@@ -338,6 +346,8 @@ class DetachThenInPlace(Rule):
     """
 
     code = "ST005"
+
+    pitfall_id = "detach-then-inplace"
     name = "detach-then-inplace"
     pitfall = "detach() shares memory; an in-place op on it changes the original tensor"
     safetorch = "st.safe_copy"
@@ -571,6 +581,8 @@ class UnsyncedCudaTiming(Rule):
     """
 
     code = "ST006"
+
+    pitfall_id = "unsynced-cuda-timing"
     name = "unsynced-cuda-timing"
     pitfall = "CUDA is asynchronous; wall-clock readings without synchronize time the launch"
     safetorch = "st.cuda_timer"
@@ -767,6 +779,8 @@ class PositionalWithDefault(Rule):
     """
 
     code = "ST007"
+
+    pitfall_id = "positional-with-default"
     name = "positional-with-default"
     pitfall = "a positional argparse argument with default= is still required"
     safetorch = None
@@ -973,7 +987,9 @@ class BiasBeforeBatchNorm(Rule):
     """
 
     code = "ST008"
-    name = "bias-before-batchnorm"
+
+    pitfall_id = "bias-before-bn"
+    name = "bias-before-bn"
     pitfall = "a bias right before BatchNorm is cancelled by the mean subtraction"
     safetorch = "st.lint_model"
     torch_symbols = ()
@@ -1023,7 +1039,9 @@ class DropoutBeforeBatchNorm(Rule):
     """
 
     code = "ST009"
-    name = "dropout-before-batchnorm"
+
+    pitfall_id = "dropout-before-bn"
+    name = "dropout-before-bn"
     pitfall = "Dropout before BatchNorm makes train and eval statistics disagree"
     safetorch = "st.lint_model"
     torch_symbols = ()
@@ -1065,7 +1083,9 @@ class CustomBatchWithoutPinMemory(Rule):
     """
 
     code = "ST010"
-    name = "custom-batch-without-pin-memory"
+
+    pitfall_id = "batch-not-pinnable"
+    name = "batch-not-pinnable"
     pitfall = "pin_memory=True silently skips batch objects without a pin_memory() method"
     safetorch = "st.PinnedBatch"
     torch_symbols = ("torch.utils.data.DataLoader",)
@@ -1226,6 +1246,8 @@ class StateDictOfWrappedModel(Rule):
     """
 
     code = "ST011"
+
+    pitfall_id = "state-dict-of-wrapped-model"
     name = "state-dict-of-wrapped-model"
     pitfall = "a DataParallel/DDP state_dict has 'module.'-prefixed keys"
     safetorch = "st.unwrap_model"
@@ -1456,6 +1478,8 @@ class DiscardedNonStrictLoad(Rule):
     """
 
     code = "ST012"
+
+    pitfall_id = "discarded-nonstrict-load"
     name = "discarded-nonstrict-load"
     pitfall = "load_state_dict(strict=False) reports mismatches only in its return value"
     safetorch = "st.load_state_dict"
@@ -1505,6 +1529,8 @@ class DataParallelUsed(Rule):
     """
 
     code = "ST013"
+
+    pitfall_id = "data-parallel"
     name = "data-parallel"
     pitfall = "nn.DataParallel is slower than DDP and overloads cuda:0"
     safetorch = "st.unwrap_model"
@@ -1558,7 +1584,9 @@ class ConvertSyncBatchNorm(Rule):
     """
 
     code = "ST014"
-    name = "convert-sync-batchnorm"
+
+    pitfall_id = "torch-syncbn-device"
+    name = "torch-syncbn-device"
     pitfall = "convert_sync_batchnorm converts even where SyncBatchNorm cannot run"
     safetorch = "st.convert_sync_batchnorm"
     torch_symbols = (_NN + "SyncBatchNorm.convert_sync_batchnorm",)
@@ -1633,6 +1661,8 @@ class PositionalEpsInNorm(Rule):
     """
 
     code = "ST015"
+
+    pitfall_id = "bn-statistics"
     name = "positional-eps-in-norm"
     pitfall = "the second positional parameter of BatchNorm/InstanceNorm is eps, not momentum"
     safetorch = None
@@ -1690,6 +1720,8 @@ class FunctionalDropoutWithoutTraining(Rule):
     """
 
     code = "ST016"
+
+    pitfall_id = "functional-dropout-without-training"
     name = "functional-dropout-without-training"
     pitfall = "F.dropout ignores model.eval() unless training=self.training is passed"
     safetorch = None
@@ -1781,6 +1813,8 @@ class RemovedLinalgFunction(Rule):
     """
 
     code = "ST017"
+
+    pitfall_id = "legacy-api"
     name = "removed-linalg-function"
     pitfall = "torch.solve/lstsq/eig/symeig/matrix_rank were removed; torch.linalg differs"
     safetorch = "st.legacy"
@@ -1926,6 +1960,8 @@ class TorchSixImport(Rule):
     """
 
     code = "ST018"
+
+    pitfall_id = "legacy-api"
     name = "torch-six-import"
     pitfall = "torch._six was removed in torch 2.0"
     safetorch = "st.legacy.six"
@@ -1978,6 +2014,8 @@ class LegacyAutogradFunction(Rule):
     """
 
     code = "ST019"
+
+    pitfall_id = "legacy-api"
     name = "legacy-autograd-function"
     pitfall = "autograd.Function with non-static forward raises since torch 1.5"
     safetorch = "st.legacy.legacy_function"
@@ -2021,6 +2059,8 @@ class ZeroDimIndex(Rule):
     """
 
     code = "ST020"
+
+    pitfall_id = "legacy-api"
     name = "zero-dim-index"
     pitfall = "loss.data[0] raises on a 0-dim tensor since torch 0.5"
     safetorch = "st.legacy.zero_dim_index"
@@ -2066,6 +2106,8 @@ class VolatileVariable(Rule):
     """
 
     code = "ST021"
+
+    pitfall_id = "legacy-api"
     name = "volatile-variable"
     pitfall = "Variable(volatile=True) is a no-op since torch 0.4: a graph is built"
     safetorch = "st.legacy.volatile"
@@ -2104,6 +2146,8 @@ class LegacyLossReduction(Rule):
     """
 
     code = "ST022"
+
+    pitfall_id = "legacy-api"
     name = "legacy-loss-reduction"
     pitfall = "size_average=/reduce= are deprecated spellings of reduction="
     safetorch = "st.legacy.reduction"
@@ -2210,6 +2254,8 @@ class RuleInfo:
         fixable: Whether the rule has automatic fixes (for some of its findings).
         fix_applicability: ``"safe"`` (``--fix``), ``"unsafe"`` (``--unsafe-fixes``) or a
             phrase saying what it depends on.
+        pitfall_id: The id of the rule's row in the pitfall table (``safetorch._pitfalls``);
+            ``""`` for ST000 (a file that does not parse is not a pitfall).
 
     >>> RULE_TABLE["ST003"].safetorch
     'st.load'
@@ -2224,6 +2270,7 @@ class RuleInfo:
     torch_symbols: Tuple[str, ...]
     fixable: bool
     fix_applicability: str = SAFE
+    pitfall_id: str = ""
 
     def safetorch_for(self, symbol: str) -> Optional[str]:
         """The safetorch function that replaces torch entry point ``symbol`` of this rule."""
@@ -2240,7 +2287,14 @@ _ALL_RULES: Tuple[Type[Rule], ...] = (SyntaxErrorRule, *RULES)
 #: ``RULE_TABLE[code].safetorch_for(symbol)`` gives the function for one entry point).
 RULE_TABLE: Dict[str, RuleInfo] = {
     r.code: RuleInfo(
-        r.code, r.name, r.pitfall, r.safetorch, r.torch_symbols, r.fixable, r.fix_applicability
+        r.code,
+        r.name,
+        r.pitfall,
+        r.safetorch,
+        r.torch_symbols,
+        r.fixable,
+        r.fix_applicability,
+        r.pitfall_id,
     )
     for r in _ALL_RULES
 }

@@ -59,6 +59,8 @@ from typing import IO, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, 
 
 import torch
 
+from safetorch import _compat
+
 __all__: List[str] = []  # private module
 
 MAX_STACK = 1 << 22  # live stack items, all MARK levels together (pickle batches 1000 a MARK)
@@ -154,16 +156,14 @@ def _fallback_allowed_globals() -> Dict[str, Any]:
         "builtins.set": set,
         "builtins.complex": complex,
     }
-    get_layout = getattr(torch.serialization, "_get_layout", None)
-    if get_layout is not None:
-        rc["torch.serialization._get_layout"] = get_layout
+    if _compat.get_layout is not None:
+        rc["torch.serialization._get_layout"] = _compat.get_layout
     for name in _TORCH_UTILS_REBUILDERS:
-        fn = getattr(torch._utils, name, None)
+        fn = getattr(_compat.torch_utils, name, None)
         if fn is not None:
             rc[f"torch._utils.{name}"] = fn
-    rebuild_from_type = getattr(torch._tensor, "_rebuild_from_type_v2", None)
-    if rebuild_from_type is not None:
-        rc["torch._tensor._rebuild_from_type_v2"] = rebuild_from_type
+    if _compat.rebuild_from_type_v2 is not None:
+        rc["torch._tensor._rebuild_from_type_v2"] = _compat.rebuild_from_type_v2
     for value in vars(torch).values():
         if isinstance(value, (torch.dtype, torch.qscheme)):
             rc[str(value)] = value
@@ -180,8 +180,7 @@ def torch_allowed_globals() -> Dict[str, Any]:
     global _TORCH_ALLOWED
     if _TORCH_ALLOWED is None:
         found: Optional[Dict[str, Any]] = None
-        wo = getattr(torch, "_weights_only_unpickler", None)
-        getter = getattr(wo, "_get_allowed_globals", None)
+        getter = _compat.weights_only_allowed_globals
         if getter is not None:
             try:
                 found = dict(getter())

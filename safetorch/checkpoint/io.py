@@ -115,7 +115,6 @@ def _quiet_torch_load(*args: Any, **kwargs: Any) -> Any:
 
 # --- branch binding (see _compat.register_binder) -------------------------------------------
 _defer_to_torch: bool
-_full_load_kwargs: Dict[str, Any]
 _load_restricted_impl: Callable[..., Any]
 _mmap_supported: bool
 _assign_supported: bool
@@ -134,17 +133,16 @@ def _load_restricted(
     and tar dispatch, which ``load`` has already refused.
     """
     module = _unpickler.make_restricted_pickle_module(extra)
-    ser: Any = torch.serialization  # private readers, not in torch's type stubs
-    with _torch_internals_quiet(), ser._open_file_like(f, "rb") as opened:
-        if ser._is_zipfile(opened):
-            with ser._open_zipfile_reader(opened) as archive:
+    with _torch_internals_quiet(), _compat.open_file_like(f, "rb") as opened:
+        if _compat.is_zipfile(opened):
+            with _compat.open_zipfile_reader(opened) as archive:
                 kwargs: Dict[str, Any] = {}
                 if use_mmap:  # MAP_PRIVATE, as torch.load(mmap=True) by default
                     kwargs["overall_storage"] = torch.UntypedStorage.from_file(
                         os.fspath(f), False, os.path.getsize(f)
                     )
-                return ser._load(archive, map_location, module, encoding=encoding, **kwargs)
-        return ser._legacy_load(opened, map_location, module, encoding=encoding)
+                return _compat.zip_load(archive, map_location, module, encoding=encoding, **kwargs)
+        return _compat.legacy_load(opened, map_location, module, encoding=encoding)
 
 
 def _load_torch_weights_only(f: Any, map_location: Any, use_mmap: bool) -> Any:
@@ -155,7 +153,9 @@ def _load_torch_weights_only(f: Any, map_location: Any, use_mmap: bool) -> Any:
 
 
 def _load_full(f: Any, map_location: Any, pickle_module: Any, use_mmap: bool, encoding: str) -> Any:
-    kwargs: Dict[str, Any] = dict(_mmap_kwargs(use_mmap), encoding=encoding, **_full_load_kwargs)
+    # weights_only=False said explicitly: torch 2.6's default and TORCH_FORCE_* environment
+    # variables decide nothing then.
+    kwargs: Dict[str, Any] = dict(_mmap_kwargs(use_mmap), encoding=encoding, weights_only=False)
     if pickle_module is not None:
         kwargs["pickle_module"] = pickle_module
     return _quiet_torch_load(f, map_location=map_location, **kwargs)
@@ -167,10 +167,7 @@ def _mmap_kwargs(use_mmap: bool) -> Dict[str, Any]:
 
 @_compat.register_binder
 def _bind() -> None:
-    global _defer_to_torch, _mmap_supported, _assign_supported, _full_load_kwargs
-    # torch >= 1.13 takes weights_only; a full unpickle says so explicitly (torch 2.6's default
-    # and TORCH_FORCE_* environment variables decide nothing then).
-    _full_load_kwargs = {"weights_only": False} if _compat.LOAD_HAS_WEIGHTS_ONLY else {}
+    global _defer_to_torch, _mmap_supported, _assign_supported
     # torch 2.6 (the release whose weights-only loader refuses TorchScript archives, the fix for
     # CVE-2025-32434, and made weights_only the default): from there on torch's weights-only
     # unpickler is at least as strict as ours for every opcode it supports, so files that only

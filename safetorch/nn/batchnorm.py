@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
+
+from safetorch._compat import BatchNormBase as _BatchNorm
 
 __all__: List[str] = ["recalibrate_bn", "eval_mode", "bn_report", "BNLayerStats"]
 

@@ -30,10 +30,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.conv import _ConvNd
-from torch.nn.modules.dropout import _DropoutNd
 
+from safetorch._compat import BatchNormBase as _BatchNorm
+from safetorch._compat import ConvNdBase as _ConvNd
+from safetorch._compat import DropoutNdBase as _DropoutNd
 from safetorch.findings import Finding
 from safetorch.nn import syncbn as _syncbn
 from safetorch.nn.batchnorm import eval_mode

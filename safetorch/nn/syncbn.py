@@ -31,9 +31,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from safetorch import _compat, _dist
+from safetorch._compat import BatchNormBase as _BatchNorm
 from safetorch._stack import user_stacklevel
 from safetorch.errors import DistributedWarning, SafetorchWarning
 
@@ -56,11 +56,6 @@ _POLICIES = ("auto", "torch", "portable")
 # Attribute under which a converted layer remembers the BatchNorm class it came from.
 _ORIGINAL_CLASS_ATTR = "_safetorch_bn_class"
 _PLAIN_BN: Tuple[Type[_BatchNorm], ...] = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-
-
-def _privateuse1_name() -> Optional[str]:
-    getter = getattr(torch._C, "_get_privateuse1_backend_name", None)
-    return getter() if getter is not None else None
 
 
 # --- torch's SyncBatchNorm: where it runs (version-dependent, bound at import) ------------------
@@ -98,7 +93,7 @@ def _problem_before_2_0(device_type: str, distributed: bool) -> Optional[str]:
 def _bind_torch_syncbn() -> None:
     global _torch_syncbn_devices, torch_syncbn_problem
     if _compat.SYNCBN_FALLS_BACK_WITHOUT_PG:
-        extra = _privateuse1_name()
+        extra = _compat.privateuse1_backend_name()
         _torch_syncbn_devices = frozenset({"cuda", "hpu", "xpu"} | ({extra} if extra else set()))
         torch_syncbn_problem = _problem_since_2_0
     else:

@@ -131,6 +131,7 @@ class PatchInfo:
         targets: Dotted paths of the torch attributes it wraps.
         description: What it changes.
         implementation: The public safetorch function it routes to.
+        pitfalls: Ids of the pitfall-table rows it routes (``safetorch._pitfalls``).
         active: Whether it is on now.
         available: Whether its safetorch implementation exists in this build.
 
@@ -146,10 +147,14 @@ class PatchInfo:
     implementation: str
     active: bool
     available: bool
+    pitfalls: Tuple[str, ...] = ()
 
     def __str__(self) -> str:
         state = "on" if self.active else ("off" if self.available else "unavailable")
-        return f"{self.name} [{state}]: {self.description} ({', '.join(self.targets)})"
+        return (
+            f"{self.name} [{state}]: {self.description} ({', '.join(self.targets)}; "
+            f"pitfalls: {', '.join(self.pitfalls)})"
+        )
 
 
 def patches() -> List[PatchInfo]:
@@ -170,6 +175,7 @@ def patches() -> List[PatchInfo]:
             implementation=".".join(p.implementation),
             active=registry.is_active(p.name),
             available=p.available(),
+            pitfalls=p.pitfalls,
         )
         for p in registry.declared()
     ]

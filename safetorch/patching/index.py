@@ -196,6 +196,7 @@ PATCH = registry.declare(
                 attribute_warnings=False,
             ),
         ),
+        pitfalls=("cuda-index-assert",),
         implementation=("safetorch.tensor", "checked_index"),
         on_disable=lambda: _hand_over("legacy"),
     )

@@ -28,32 +28,31 @@ __all__: List[str] = []
 
 _NAME = "legacy"
 
-# torch function -> (safetorch implementation, modern spelling, _compat flag: torch has it)
-_LINALG: Dict[str, Tuple[Callable[..., Any], str, str]] = {
-    "solve": (_impl.solve, "torch.linalg.solve(A, B) (arguments swapped)", "HAS_TORCH_SOLVE"),
-    "lstsq": (_impl.lstsq, "torch.linalg.lstsq(A, B).solution", "HAS_TORCH_LSTSQ"),
-    "eig": (_impl.eig, "torch.linalg.eig(A) (complex results)", "HAS_TORCH_EIG"),
-    "symeig": (_impl.symeig, "torch.linalg.eigh / eigvalsh(A, UPLO='U')", "HAS_TORCH_SYMEIG"),
+# torch function -> (safetorch implementation, modern spelling)
+_LINALG: Dict[str, Tuple[Callable[..., Any], str]] = {
+    "solve": (_impl.solve, "torch.linalg.solve(A, B) (arguments swapped)"),
+    "lstsq": (_impl.lstsq, "torch.linalg.lstsq(A, B).solution"),
+    "eig": (_impl.eig, "torch.linalg.eig(A) (complex results)"),
+    "symeig": (_impl.symeig, "torch.linalg.eigh / eigvalsh(A, UPLO='U')"),
     "matrix_rank": (
         _impl.matrix_rank,
         "torch.linalg.matrix_rank(A, atol=tol, rtol=0, hermitian=symmetric)",
-        "HAS_TORCH_MATRIX_RANK",
     ),
 }
 
-# Which shims are needed on this torch; rebound when tests simulate another torch.
-_needed: Dict[str, bool] = {}
+# Which shims are needed on this torch; rebound when tests simulate another torch. On every
+# supported torch (>= 1.13) solve/lstsq/eig/matrix_rank are gone, legacy Functions and x[0] of a
+# 0-dim tensor raise, volatile= is a no-op and size_average=/reduce= still map through
+# legacy_get_string: only torch._six (gone in 2.0) and symeig (a stub from 2.0) vary.
+_needed: Dict[str, bool] = dict.fromkeys(
+    ("solve", "lstsq", "eig", "matrix_rank", "function", "volatile", "index", "reduction"), True
+)
 
 
 @_compat.register_binder
 def _bind() -> None:
-    for name, (_, _, flag) in _LINALG.items():
-        _needed[name] = not getattr(_compat, flag)
+    _needed["symeig"] = not _compat.HAS_TORCH_SYMEIG
     _needed["_six"] = not _compat.HAS_TORCH_SIX
-    _needed["function"] = _compat.LEGACY_FUNCTION_RAISES
-    _needed["volatile"] = _compat.VOLATILE_IS_NOOP
-    _needed["index"] = _compat.ZERO_DIM_INDEX_RAISES
-    _needed["reduction"] = _compat.HAS_LEGACY_REDUCTION
 
 
 def _record(kind: str, detail: str) -> None:
@@ -65,7 +64,7 @@ def _record(kind: str, detail: str) -> None:
 
 
 def _linalg(name: str, method: bool) -> registry.WrapperFn:
-    impl, modern, _ = _LINALG[name]
+    impl, modern = _LINALG[name]
     kind = f"{'x.' if method else 'torch.'}{name} -> {modern}"
 
     def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
@@ -202,6 +201,7 @@ PATCH = registry.declare(
             registry.Target("torch.nn._reduction", "legacy_get_string", _reduction),
             _index.GETITEM,
         ),
+        pitfalls=("legacy-api",),
         implementation=("safetorch.legacy", "solve"),
         on_enable=_on_enable,
         on_disable=_on_disable,

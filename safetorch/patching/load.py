@@ -60,22 +60,13 @@ def _call_with_weights_only(wrapped: Any, f: Any, ml: Any, pm: Any, wo: bool, kw
     return wrapped(f, ml, pm, weights_only=wo, **kw)
 
 
-def _call_without_weights_only(wrapped: Any, f: Any, ml: Any, pm: Any, wo: bool, kw: Dict) -> Any:
-    # torch < 1.13 (pytorch/pytorch#86812): no weights_only parameter. Only reached with an
-    # explicit weights_only=False or a custom pickle_module, i.e. a full unpickle.
-    return wrapped(f, ml, pm if pm is not None else __import__("pickle"), **kw)
-
-
 _call_original: Callable[..., Any] = _call_with_weights_only
 _DEFAULT_NOTE: Optional[str] = None
 
 
 @_compat.register_binder
 def _bind() -> None:
-    global _call_original, _DEFAULT_NOTE
-    _call_original = (
-        _call_with_weights_only if _compat.LOAD_HAS_WEIGHTS_ONLY else _call_without_weights_only
-    )
+    global _DEFAULT_NOTE
     # Only a change worth reporting where torch's own default is a full unpickle.
     _DEFAULT_NOTE = (
         None
@@ -167,6 +158,7 @@ PATCH = registry.declare(
             registry.Target("torch", "load", _torch_load),
             registry.Target("torch.serialization", "load", _torch_load),
         ),
+        pitfalls=("load-without-weights-only", "load-without-map-location"),
         implementation=("safetorch.checkpoint", "load"),
     )
 )

@@ -76,6 +76,7 @@ PATCH = registry.declare(
                 "torch.utils.data.dataloader", "_BaseDataLoaderIter.__init__", _iter_init
             ),
         ),
+        pitfalls=("batch-not-pinnable",),
         implementation=("safetorch.data", "pin"),
     )
 )

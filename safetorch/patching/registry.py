@@ -79,6 +79,8 @@ class Patch:
     name: str
     description: str
     targets: Tuple[Target, ...]
+    #: Ids of the pitfall-table rows it routes (``safetorch._pitfalls``).
+    pitfalls: Tuple[str, ...]
     implementation: Tuple[str, str]
     # Called (under the registry lock) after the targets are applied / before they are restored.
     on_enable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)

@@ -78,6 +78,7 @@ PATCH = registry.declare(
             "n_averaged), counted; returns a LoadReport that unpacks like torch's result"
         ),
         targets=(registry.Target("torch.nn", "Module.load_state_dict", _load_state_dict),),
+        pitfalls=("state-dict-of-wrapped-model", "discarded-nonstrict-load"),
         implementation=("safetorch.checkpoint", "load_state_dict"),
     )
 )

@@ -44,6 +44,7 @@ PATCH = registry.declare(
             "BatchNorm without a process group, a class that runs on each device otherwise)"
         ),
         targets=(registry.Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm", _convert),),
+        pitfalls=("torch-syncbn-device",),
         implementation=("safetorch.nn.syncbn", "convert_sync_batchnorm"),
     )
 )

@@ -33,6 +33,7 @@ PATCH = registry.declare(
             registry.Target("torch.nn.functional", n, _route(n))
             for n in ("upsample", "upsample_nearest", "upsample_bilinear")
         ),
+        pitfalls=("deprecated-upsample",),
         implementation=("safetorch.nn.upsampling", "upsample"),
     )
 )

@@ -349,5 +349,5 @@ def test_statistics_and_list_rules(capsys: pytest.CaptureFixture[str], tmp_path:
     ]
     code, out, _ = run(capsys, "--list-rules")
     assert code == 0
-    assert re.search(r"^ST008 +bias-before-batchnorm +fix: unsafe ", out, re.MULTILINE)
+    assert re.search(r"^ST008 +bias-before-bn +fix: unsafe ", out, re.MULTILINE)
     assert re.search(r"^ST015 +positional-eps-in-norm +fix: manual ", out, re.MULTILINE)

@@ -23,7 +23,7 @@ import safetorch as st
 
 BRANCHES = {
     "installed": {},
-    "torch_below_2.6": {"LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False, "HAS_GET_UNSAFE_GLOBALS": False},
+    "torch_below_2.6": {"LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False},
 }
 pytestmark = pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 MARKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fuzz_marker_never_created")

@@ -23,27 +23,13 @@ from safetorch.checkpoint import io as ckpt_io
 # Which st.load branch runs: the installed torch (>= 2.6: torch's own weights-only unpickler
 # for files that need nothing beyond torch's allow-list and opcodes, safetorch's restricted
 # unpickler otherwise), torch 1.13-2.5 (always safetorch's restricted unpickler driving torch's
-# format readers), torch 1.13 (the same, no mmap/assign) and torch without weights_only.
+# format readers) and torch 1.13 (the same, no mmap/assign).
 # Branches only turn flags off: a feature the installed torch lacks cannot be simulated.
 BRANCHES = {
     "installed": {},
-    "torch_1.13_to_2.5": {"LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False, "HAS_GET_UNSAFE_GLOBALS": False},
+    "torch_1.13_to_2.5": {"LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False},
     "torch_1.13": {
         "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False,
-        "HAS_GET_UNSAFE_GLOBALS": False,
-        "HAS_SAFE_GLOBALS_CTX": False,
-        "HAS_ADD_SAFE_GLOBALS": False,
-        "LOAD_HONOURS_PICKLE_MODULE": False,
-        "LOAD_HAS_MMAP": False,
-        "LOAD_STATE_DICT_HAS_ASSIGN": False,
-    },
-    "torch_without_weights_only": {
-        "LOAD_HAS_WEIGHTS_ONLY": False,
-        "LOAD_HONOURS_PICKLE_MODULE": False,
-        "LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False,
-        "HAS_SAFE_GLOBALS_CTX": False,
-        "HAS_ADD_SAFE_GLOBALS": False,
-        "HAS_GET_UNSAFE_GLOBALS": False,
         "LOAD_HAS_MMAP": False,
         "LOAD_STATE_DICT_HAS_ASSIGN": False,
     },
@@ -242,9 +228,8 @@ def test_plain_state_dict_defers_to_torch_where_torch_is_as_strict(
 @torch_load_warns
 def test_honours_pickle_module_flag_matches_torch(tmp_path):
     """Behaviour probe: torch.load(pickle_module=M, weights_only=False) unpickles with M iff
-    LOAD_HONOURS_PICKLE_MODULE (False on 1.13.x, which uses plain pickle there)."""
-    if not _compat.LOAD_HAS_WEIGHTS_ONLY:
-        pytest.skip("torch < 1.13 has no weights_only argument")
+    torch >= 2.0 (1.13.x uses plain pickle there): why safetorch drives torch's format readers
+    itself rather than pass its unpickler as torch.load's pickle_module."""
     used = []
 
     class Unpickler(pickle.Unpickler):
@@ -257,11 +242,11 @@ def test_honours_pickle_module_flag_matches_torch(tmp_path):
     spy.load = pickle.load
     path = _save({"w": torch.ones(1)}, tmp_path / "c.pt", "zip")
     torch.load(path, pickle_module=spy, weights_only=False)
-    assert bool(used) is _compat.LOAD_HONOURS_PICKLE_MODULE
+    assert bool(used) is (_compat.TORCH_RELEASE >= (2, 0))
 
 
 @pytest.mark.skipif(
-    not _compat.HAS_GET_UNSAFE_GLOBALS,
+    not hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"),
     reason="torch.serialization.get_unsafe_globals_in_checkpoint needs torch 2.6",
 )
 def test_scan_matches_torch_where_torch_can_scan(tmp_path, canary):

@@ -8,7 +8,9 @@ wrong. ``pytest -s tests/compat`` prints the detected flags.
 from __future__ import annotations
 
 import io
+import pathlib
 import pickle
+import re
 import warnings
 from fractions import Fraction
 
@@ -19,7 +21,7 @@ from packaging.version import Version
 from safetorch import _compat
 
 INSTALLED = Version(".".join(map(str, _compat.TORCH_RELEASE)))
-RELEASE_FLAGS = sorted(name for name, (since, _) in _compat._FLAG_DOCS.items() if since != "-")
+RELEASE_FLAGS = sorted(f.name for f in _compat.flags() if f.since != "-")
 
 
 def _flag(name: str) -> _compat.Flag:
@@ -33,27 +35,49 @@ def test_print_detected_flags(record_property: pytest.RecordProperty) -> None:
         rows.append(f"  {f.name:32} {f.value!s:5} since {f.since:5} expected {expected:5}")
         record_property(f.name, f.value)
     print("\n".join(rows))
-    assert len(rows) == len(_compat._FLAG_DOCS) + 1
+    assert len(rows) == len(_compat._FLAGS) + 1
 
 
-def test_every_flag_is_documented() -> None:
-    """Each module-level boolean flag has a ``_FLAG_DOCS`` entry, and vice versa."""
+def test_every_flag_is_declared_once() -> None:
+    """Each module-level boolean flag is declared by ``_flag`` under its own name, and each
+    declaration is bound: the release, PR and detection method live in that one call."""
     bools = {
-        name
+        name: value
         for name, value in vars(_compat).items()
         if name.isupper() and not name.startswith("_") and isinstance(value, bool)
     }
-    assert bools == set(_compat._FLAG_DOCS), (
-        f"flags without _FLAG_DOCS: {sorted(bools - set(_compat._FLAG_DOCS))}; "
-        f"_FLAG_DOCS without a flag: {sorted(set(_compat._FLAG_DOCS) - bools)}"
+    assert set(bools) == set(_compat._FLAGS)
+    for name, flag in _compat._FLAGS.items():
+        assert flag.name == name and flag.value is bools[name], name
+    source = pathlib.Path(_compat.__file__).read_text(encoding="utf-8")
+    for name in bools:
+        # declared once: the name is assigned once, and only from _flag("NAME", ...)
+        assert (
+            source.count(f'\n{name}: bool = _flag(\n    "{name}",')
+            + source.count(f'\n{name}: bool = _flag("{name}",')
+            == 1
+        ), name
+        assigned = re.findall(rf"^{name}\b\s*[:=]", source, re.MULTILINE)
+        assert len(assigned) == 1, f"{name} is assigned more than once"
+
+
+def test_every_flag_is_read_by_the_library() -> None:
+    """A flag nothing in safetorch reads is dead weight (tests use their own conditions)."""
+
+    root = pathlib.Path(_compat.__file__).parent
+    text = "".join(
+        p.read_text(encoding="utf-8") for p in root.rglob("*.py") if p.name != "_compat.py"
     )
+    unread = [name for name in _compat._FLAGS if f"_compat.{name}" not in text]
+    assert unread == []
 
 
-@pytest.mark.parametrize("name", sorted(_compat._FLAG_DOCS))
+@pytest.mark.parametrize("name", sorted(_compat._FLAGS))
 def test_since_is_a_release(name: str) -> None:
-    since, how = _compat._FLAG_DOCS[name]
+    flag = _compat._FLAGS[name]
+    since = flag.since
     assert since == "-" or Version(since).release, f"{name}: since={since!r} is not a release"
-    assert how, f"{name}: no detection method documented"
+    assert flag.detected_by and flag.source, f"{name}: no detection method or source"
 
 
 @pytest.mark.parametrize("name", RELEASE_FLAGS)

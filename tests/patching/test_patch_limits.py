@@ -94,7 +94,7 @@ def test_torch_function_modes_see_the_wrapper() -> None:
 
 @needs_compile
 @pytest.mark.skipif(
-    not _compat.DYNAMO_GUARDS_GLOBAL_FUNCTIONS,
+    _compat.TORCH_RELEASE < (2, 4),
     reason="dynamo < 2.4 does not guard module-level functions: code compiled before "
     "st.patch()/st.unpatch() keeps the function it saw until torch._dynamo.reset()",
 )
