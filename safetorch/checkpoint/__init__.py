@@ -12,6 +12,7 @@ from typing import List
 
 from safetorch.checkpoint.io import (
     CheckpointSaver,
+    MapToAvailable,
     load,
     load_state_dict,
     save_checkpoint,
@@ -43,4 +44,5 @@ __all__: List[str] = [
     "match_keys",
     "KeyMatch",
     "find_state_dict",
+    "MapToAvailable",
 ]

@@ -375,6 +375,39 @@ def _failure_reason(exc: BaseException) -> str:
     return "its contents are malformed"
 
 
+class MapToAvailable:
+    """A ``map_location`` for checkpoints that may come from another machine: storages saved on
+    CUDA load on the CPU where this machine has no CUDA (torch's default raises "Attempting to
+    deserialize object on a CUDA device but torch.cuda.is_available() is False"); everything
+    else loads where torch would put it. ``mapped`` counts the storages it moved.
+
+    ``st.load(f, map_location="available")`` uses one; ``torch.load`` accepts one too. The
+    ``load`` patch passes one when a legacy ``torch.load(f)`` call gives no ``map_location``.
+
+    >>> import io, torch
+    >>> from safetorch.checkpoint import MapToAvailable
+    >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
+    >>> where = MapToAvailable()
+    >>> torch.load(buf, map_location=where, weights_only=True)["w"].device, where.mapped
+    (device(type='cpu'), 0)
+    """
+
+    __slots__ = ("mapped", "_cuda")
+
+    def __init__(self) -> None:
+        self.mapped = 0
+        self._cuda = torch.cuda.is_available()
+
+    def __call__(self, storage: Any, location: str) -> Any:
+        if not self._cuda and str(location).startswith("cuda"):
+            self.mapped += 1
+            return storage  # deserialized on the CPU: keep it there
+        return None  # torch's default_restore_location
+
+    def __repr__(self) -> str:
+        return f"MapToAvailable(mapped={self.mapped})"
+
+
 def load(
     f: FileLike,
     map_location: Any = "cpu",
@@ -397,7 +430,10 @@ def load(
         f: a path or a seekable binary file object (``torch.save`` zip or legacy format, or a
             ``.safetensors`` file).
         map_location: where tensors go, as for ``torch.load``; ``"cpu"`` by default so a
-            checkpoint saved on a GPU loads on a CPU-only machine.
+            checkpoint saved on a GPU loads on a CPU-only machine. ``"available"`` keeps
+            torch's placement (each storage on the device it was saved from) except that
+            storages saved on CUDA load on the CPU where there is no CUDA (see
+            :class:`MapToAvailable`).
         pickle_module: ``None`` or the standard ``pickle`` module (both load weights-only);
             any other module (e.g. ``dill``) unpickles fully and needs ``weights_only=False``.
         weights_only: ``None`` (default) or ``True``: only tensors, containers and
@@ -429,6 +465,8 @@ def load(
     >>> st.load(buf)
     {'w': tensor([1., 1.])}
     """
+    if isinstance(map_location, str) and map_location == "available":
+        map_location = MapToAvailable()
     return _load(
         f,
         map_location,

@@ -10,8 +10,9 @@
   only matter to a full unpickle and go to torch with ``weights_only=False``.
 * With ``map_location`` unset and no CUDA, storages saved on CUDA are mapped to the CPU
   instead of failing ("Attempting to deserialize object on a CUDA device but
-  torch.cuda.is_available() is False"); a file saved on CPU loads exactly as before.
-  Detection is exact: ``map_location`` becomes a callable that sees every storage's location.
+  torch.cuda.is_available() is False"); a file saved on CPU loads exactly as before. This is
+  st.load's documented ``map_location="available"`` (``safetorch.checkpoint.MapToAvailable``,
+  a callable that sees every storage's location).
 * Globals named with ``safetorch run --allow`` / ``SAFETORCH_ALLOW`` are allowed for these
   loads (``registry.allowed_globals()``); torch's ``add_safe_globals`` registrations too.
 * Tensors are read into memory unless the caller passes ``mmap=True`` (as torch): a later
@@ -39,21 +40,7 @@ _NAME = "load"
 _SIGNATURE = inspect.signature(torch.load)
 _checkpoint = importlib.import_module("safetorch.checkpoint")
 _cuda_available = torch.cuda.is_available
-
-
-class _CudaToCpu:
-    """A ``map_location`` callable: storages saved on CUDA stay on the CPU, others as torch."""
-
-    __slots__ = ("mapped",)
-
-    def __init__(self) -> None:
-        self.mapped = 0
-
-    def __call__(self, storage: Any, location: str) -> Any:
-        if str(location).startswith("cuda"):
-            self.mapped += 1
-            return storage  # deserialized on the CPU: keep it there
-        return None  # torch's default_restore_location
+_MapToAvailable = _checkpoint.MapToAvailable
 
 
 def _call_with_weights_only(wrapped: Any, f: Any, ml: Any, pm: Any, wo: bool, kw: Dict) -> Any:
@@ -75,14 +62,7 @@ def _bind() -> None:
     )
 
 
-def _torch_load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    if registry.nested(_NAME):
-        return wrapped(*args, **kwargs)
-    with registry.counted_call(_NAME):  # one call, however many changes it records
-        return _load(wrapped, args, kwargs)
-
-
-def _load(wrapped: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     try:
         bound = _SIGNATURE.bind(*args, **kwargs)
     except TypeError:
@@ -111,8 +91,7 @@ def _load(wrapped: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             PatchWarning,
             stacklevel=user_stacklevel(),
         )
-        with registry.reentry(_NAME):
-            return wrapped(*args, **kwargs)
+        return wrapped(*args, **kwargs)
 
     if weights_only is None:
         weights_only = True
@@ -120,24 +99,24 @@ def _load(wrapped: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             registry.record(_NAME, _DEFAULT_NOTE, "a full unpickle can run arbitrary code")
     to_cpu = None
     if map_location is None and not _cuda_available():
-        map_location = to_cpu = _CudaToCpu()
+        # st.load(map_location="available"), keeping the count for the report.
+        map_location = to_cpu = _MapToAvailable()
 
-    with registry.reentry(_NAME):
-        if weights_only is False:
-            if mmap is not None:
-                extra["mmap"] = mmap
-            result = _call_original(wrapped, f, map_location, None, weights_only, extra)
-        else:
-            encoding = extra.pop("encoding", "utf-8")
-            registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
-            result = _checkpoint.load(
-                f,
-                map_location,
-                weights_only=True,
-                mmap=mmap,
-                encoding=encoding,
-                allow=registry.allowed_globals(),
-            )
+    if weights_only is False:
+        if mmap is not None:
+            extra["mmap"] = mmap
+        result = _call_original(wrapped, f, map_location, None, weights_only, extra)
+    else:
+        encoding = extra.pop("encoding", "utf-8")
+        registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
+        result = _checkpoint.load(
+            f,
+            map_location,
+            weights_only=True,
+            mmap=mmap,
+            encoding=encoding,
+            allow=registry.allowed_globals(),
+        )
     if to_cpu is not None and to_cpu.mapped:
         registry.record(
             _NAME,
@@ -146,6 +125,9 @@ def _load(wrapped: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         )
     return result
 
+
+# One call, however many changes it records (the weights_only default, CUDA storages mapped).
+_torch_load = registry.route(_NAME, _load, counted=True)
 
 PATCH = registry.declare(
     registry.Patch(

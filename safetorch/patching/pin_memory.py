@@ -24,14 +24,18 @@ __all__: list = []
 _NAME = "pin_memory"
 
 
-def _pin(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    if registry.nested(_NAME):
-        return wrapped(*args, **kwargs)
+def _pin_body(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     from safetorch import data
 
-    registry.record(_NAME, "DataLoader pinning -> st.pin", "dataclasses and custom batches pinned")
-    with registry.reentry(_NAME):
-        return data.pin(*args, **kwargs)
+    return data.pin(*args, **kwargs)
+
+
+_pin = registry.route(
+    _NAME,
+    _pin_body,
+    kind="DataLoader pinning -> st.pin",
+    detail="dataclasses and custom batches pinned",
+)
 
 
 class _NoPinLoader:

@@ -79,9 +79,9 @@ class Patch:
     name: str
     description: str
     targets: Tuple[Target, ...]
-    #: Ids of the pitfall-table rows it routes (``safetorch._pitfalls``).
-    pitfalls: Tuple[str, ...]
     implementation: Tuple[str, str]
+    #: Ids of the pitfall-table rows it routes (``safetorch._pitfalls``).
+    pitfalls: Tuple[str, ...] = ()
     # Called (under the registry lock) after the targets are applied / before they are restored.
     on_enable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
     on_disable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
@@ -603,6 +603,50 @@ class counted_call:
     def __exit__(self, *exc: object) -> None:
         if self._outer:
             del _scopes.open[self._patch]
+
+
+def route(
+    patch: str,
+    body: WrapperFn,
+    *,
+    kind: Optional[str] = None,
+    detail: str = "",
+    counted: bool = False,
+    select: Optional[Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]] = None,
+) -> WrapperFn:
+    """The wrapper skeleton every patch shares, around ``body`` (which routes to st.<name>).
+
+    A call made while ``patch`` is already routing on this thread (a safetorch function calling
+    the torch entry point it replaces) goes straight to torch's original. Otherwise ``kind`` (if
+    given) is recorded, and ``body(wrapped, instance, args, kwargs)`` runs inside
+    :class:`reentry`, and inside :class:`counted_call` when ``counted`` (a body that records
+    several changes of one call, or decides itself whether to record). ``select(instance, args,
+    kwargs)``, when given, decides first: ``None`` sends the call to torch untouched (outside
+    the reentry scope, so calls torch makes from there still route); anything else reaches the
+    body as its only argument, ``args == (selected,)``. A patch
+    module then only declares what routes where::
+
+        Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm",
+               route("syncbn", lambda w, i, a, k: st_convert(*a, **k), kind="..."))
+    """
+
+    def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if nested(patch):
+            return wrapped(*args, **kwargs)
+        if select is not None:
+            selected = select(instance, args, kwargs)
+            if selected is None:
+                return wrapped(*args, **kwargs)
+            args, kwargs = (selected,), {}
+        if kind is not None:
+            record(patch, kind, detail)
+        if counted:
+            with counted_call(patch), reentry(patch):
+                return body(wrapped, instance, args, kwargs)
+        with reentry(patch):
+            return body(wrapped, instance, args, kwargs)
+
+    return wrapper
 
 
 def _count_call(patch: str) -> None:

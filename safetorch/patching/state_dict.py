@@ -30,43 +30,51 @@ _io = importlib.import_module("safetorch.checkpoint.io")
 _SIGNATURE = inspect.signature(nn.Module.load_state_dict)
 
 
-def _load_state_dict(
-    wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-) -> Any:
-    if registry.nested(_NAME) or not isinstance(instance, nn.Module):
-        return wrapped(*args, **kwargs)
+def _select(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """(model, source, strict, options) when the call needs st.load_state_dict, else None."""
+    if not isinstance(instance, nn.Module):
+        return None
     try:
         bound = _SIGNATURE.bind(instance, *args, **kwargs)
     except TypeError:
-        return wrapped(*args, **kwargs)  # torch's own error for a bad call
+        return None  # torch's own error for a bad call
     source = bound.arguments.get("state_dict")
     if not isinstance(source, Mapping):
-        return wrapped(*args, **kwargs)
+        return None
     expected = instance.state_dict(keep_vars=True).keys()
     if all(k in expected for k in source):
-        return wrapped(*args, **kwargs)  # nothing to rename: torch's own path, untouched
+        return None  # nothing to rename: torch's own path, untouched
     strict = bound.arguments.get("strict", True)
     options = {}
     if "assign" in bound.arguments:
         options["assign"] = bound.arguments["assign"]
-    with registry.counted_call(_NAME), registry.reentry(_NAME):
-        try:
-            report = _io.load_state_dict(instance, source, strict=bool(strict), **options)
-        except RuntimeError as exc:
-            registry.record(
-                _NAME,
-                "load_state_dict -> st.load_state_dict (refused)",
-                str(exc).splitlines()[0].rstrip(":"),
-            )
-            raise
-        _log.info("load_state_dict into %s: %s", type(instance).__name__, report.rule)
+    return instance, source, strict, options
+
+
+def _load_state_dict_body(
+    wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Any:
+    ((_, source, strict, options),) = args
+    try:
+        report = _io.load_state_dict(instance, source, strict=bool(strict), **options)
+    except RuntimeError as exc:
         registry.record(
             _NAME,
-            f"load_state_dict -> st.load_state_dict: {report.rule}",
-            f"{len(report.loaded)} loaded, {len(report.missing)} missing, "
-            f"{len(report.unexpected)} unexpected",
+            "load_state_dict -> st.load_state_dict (refused)",
+            str(exc).splitlines()[0].rstrip(":"),
         )
+        raise
+    _log.info("load_state_dict into %s: %s", type(instance).__name__, report.rule)
+    registry.record(
+        _NAME,
+        f"load_state_dict -> st.load_state_dict: {report.rule}",
+        f"{len(report.loaded)} loaded, {len(report.missing)} missing, "
+        f"{len(report.unexpected)} unexpected",
+    )
     return report
+
+
+_load_state_dict = registry.route(_NAME, _load_state_dict_body, counted=True, select=_select)
 
 
 PATCH = registry.declare(

@@ -28,12 +28,12 @@ def _world() -> str:
     return "no process group: BatchNorm kept"
 
 
-def _convert(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    if registry.nested(_NAME):
-        return wrapped(*args, **kwargs)
+def _convert_body(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
     registry.record(_NAME, f"convert_sync_batchnorm -> st.convert_sync_batchnorm ({_world()})")
-    with registry.reentry(_NAME):
-        return _impl.convert_sync_batchnorm(*args, **kwargs)
+    return _impl.convert_sync_batchnorm(*args, **kwargs)
+
+
+_convert = registry.route(_NAME, _convert_body)
 
 
 PATCH = registry.declare(

@@ -6,8 +6,6 @@ Silent (no deprecation warning) and bit-identical: the st functions are torch's 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
-
 from safetorch.patching import registry
 
 __all__: list = []
@@ -15,14 +13,14 @@ __all__: list = []
 from safetorch.nn import upsampling as _impl  # noqa: E402
 
 
-def _route(name: str) -> Callable[..., Any]:
-    kind = f"F.{name} -> st.{name}"
-
-    def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        registry.record("upsample", kind, "F.interpolate with the same arguments, no warning")
-        return getattr(_impl, name)(*args, **kwargs)
-
-    return wrapper
+def _route(name: str) -> registry.WrapperFn:
+    impl = getattr(_impl, name)
+    return registry.route(
+        "upsample",
+        lambda wrapped, instance, args, kwargs: impl(*args, **kwargs),
+        kind=f"F.{name} -> st.{name}",
+        detail="F.interpolate with the same arguments, no warning",
+    )
 
 
 PATCH = registry.declare(

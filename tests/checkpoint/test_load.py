@@ -514,3 +514,26 @@ def test_safetensors_missing_package_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "safetensors.torch", None)
     with pytest.raises(st.CheckpointError, match=r"pip install 'safetorch\[safetensors\]'"):
         st.load(path)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="needs a machine without CUDA (the failure being fixed)"
+)
+def test_map_location_available_loads_cuda_checkpoints_on_cpu(tmp_path, monkeypatch):
+    """st.load(map_location="available"): what the load patch does for torch.load(f) (one
+    implementation); torch's default raises on the same file."""
+    path = tmp_path / "gpu.pt"
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save({"w": torch.arange(4.0), "n": 3}, path)
+    with pytest.raises(st.CheckpointError, match="CUDA"):
+        st.load(path, map_location=None)  # torch's placement: the CUDA device it was saved on
+    got = st.load(path, map_location="available")
+    assert got["w"].device.type == "cpu" and torch.equal(got["w"], torch.arange(4.0))
+    where = st.checkpoint.MapToAvailable()
+    assert torch.equal(st.load(path, map_location=where)["w"], got["w"]) and where.mapped == 1
+    # a CPU-saved file is untouched by it
+    torch.save({"w": torch.ones(2)}, tmp_path / "cpu.pt")
+    where = st.checkpoint.MapToAvailable()
+    assert st.load(tmp_path / "cpu.pt", map_location=where)["w"].device.type == "cpu"
+    assert where.mapped == 0

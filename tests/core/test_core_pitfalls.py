@@ -70,7 +70,7 @@ def test_every_rule_refers_to_its_row_by_id():
 
 def test_every_patch_refers_to_its_rows_by_id():
     for patch in registry.declared():
-        assert patch.pitfalls == _pitfalls.for_patch(patch.name), patch.name
+        assert patch.pitfalls and patch.pitfalls == _pitfalls.for_patch(patch.name), patch.name
     for info in st.patches():
         assert info.pitfalls == _pitfalls.for_patch(info.name)
         for pitfall_id in info.pitfalls:
