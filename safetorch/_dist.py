@@ -96,14 +96,14 @@ def broadcast_from_rank0(value: Any) -> Any:
         try:
             data = _dumps(("ok", value))
         except Exception as exc:
-            store.set(key, _dumps(("error", f"{type(exc).__name__}: {exc}")))  # type: ignore[arg-type]
+            store.set(key, _dumps(("error", f"{type(exc).__name__}: {exc}")))  # type: ignore[arg-type]  # Store.set takes bytes at run time; its stub says str
             raise TypeError(
                 f"rank 0's result ({type(value).__name__}) cannot be sent to the other ranks: "
                 f"{exc}; only plain data (None, bool, int, float, str, bytes, lists, tuples, "
                 "dicts, sets) can"
             ) from exc
         # Store.set takes a C++ std::string: bytes pass through unchanged (the stub says str).
-        store.set(key, data)  # type: ignore[arg-type]
+        store.set(key, data)  # type: ignore[arg-type]  # Store.set takes bytes at run time; its stub says str
         return value
     kind, payload = _loads(store.get(key))
     if kind == "error":

@@ -250,7 +250,7 @@ def _make_flush(device: str) -> Callable[[], None]:
         buf = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
     else:
         buf = torch.empty(_CPU_FLUSH_BYTES // 4, dtype=torch.int32)
-    return buf.zero_  # type: ignore[return-value]
+    return buf.zero_  # type: ignore[return-value]  # Tensor.zero_ returns the tensor; callers use it as a no-arg callable
 
 
 def benchmark(

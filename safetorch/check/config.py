@@ -137,7 +137,7 @@ def _load_toml(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         import tomllib as toml  # Python 3.11+
     except ImportError:
         try:
-            import tomli as toml  # type: ignore[no-redef]
+            import tomli as toml  # type: ignore[no-redef]  # tomli is tomllib's backport: the same module interface
         except ImportError:
             return None, (
                 f"{path}: not read (Python < 3.11 needs tomli: pip install 'safetorch[toml]')"

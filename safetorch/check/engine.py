@@ -250,13 +250,13 @@ class Context:
 
     def start(self, node: ast.AST) -> Tuple[int, int]:
         """(line, character column) where ``node`` starts."""
-        line = node.lineno  # type: ignore[attr-defined]
-        return line, self.char_col(line, node.col_offset)  # type: ignore[attr-defined]
+        line = node.lineno  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
+        return line, self.char_col(line, node.col_offset)  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
 
     def end(self, node: ast.AST) -> Tuple[int, int]:
         """(line, character column) just past the end of ``node``."""
-        line = node.end_lineno  # type: ignore[attr-defined]
-        return line, self.char_col(line, node.end_col_offset)  # type: ignore[attr-defined]
+        line = node.end_lineno  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
+        return line, self.char_col(line, node.end_col_offset)  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
 
     def segment(self, node: ast.AST) -> str:
         """The source text of ``node`` (whitespace and comments inside it kept)."""
@@ -434,7 +434,7 @@ def _child_fields(cls: type) -> Tuple[str, ...]:
     """The fields of node class ``cls`` that can hold child nodes (cached per class)."""
     fields = _CHILD_FIELDS.get(cls)
     if fields is None:
-        fields = tuple(f for f in cls._fields if f not in _LEAF_FIELDS)  # type: ignore[attr-defined]
+        fields = tuple(f for f in cls._fields if f not in _LEAF_FIELDS)  # type: ignore[attr-defined]  # every ast node class has _fields; typeshed types cls as type
         if cls is ast.Constant or cls.__name__ == "MatchSingleton":
             fields = ()
         _CHILD_FIELDS[cls] = fields

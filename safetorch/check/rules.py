@@ -62,7 +62,7 @@ def _add_keywords(ctx: Context, call: ast.Call, text: str) -> Optional[Edit]:
         return Edit(line, col - 1, line, col - 1, text)  # right before ")"
     if any(isinstance(a, ast.GeneratorExp) for a in call.args) and len(items) == 1:
         return None  # f(x for x in y): adding an argument would need parentheses
-    last = max(items, key=lambda n: (n.end_lineno, n.end_col_offset))  # type: ignore[attr-defined]
+    last = max(items, key=lambda n: (n.end_lineno, n.end_col_offset))  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; every item is an expr
     return ctx.insert_after(last, ", " + text)
 
 
@@ -373,7 +373,7 @@ class DetachThenInPlace(Rule):
         """Record ``op`` applied in place to ``target`` (a name or an ``x.detach()`` call)."""
         if _is_detach_call(target):
             fixable = value_used and op.strip(".()") not in _WRITE_THROUGH
-            self._direct.append((target, op, line, fixable))  # type: ignore[arg-type]
+            self._direct.append((target, op, line, fixable))  # type: ignore[arg-type]  # target is an x.detach() ast.Call here (_is_detach_call)
             return
         binding = self._binding(target)
         if binding is not None:
@@ -394,7 +394,7 @@ class DetachThenInPlace(Rule):
             method = _inplace_method(node)
             if method is not None:
                 used = id(node) not in self._discarded
-                self._mutation(node.func.value, f".{method}()", node.lineno, used)  # type: ignore[attr-defined]
+                self._mutation(node.func.value, f".{method}()", node.lineno, used)  # type: ignore[attr-defined]  # _inplace_method returns a name only for an ast.Attribute call
         elif isinstance(node, ast.AugAssign):
             target = node.target
             base = target.value if isinstance(target, ast.Subscript) else target
@@ -411,10 +411,10 @@ class DetachThenInPlace(Rule):
             first = node.targets[0]
             if len(node.targets) == 1 and isinstance(first, ast.Name):
                 if _is_detach_call(node.value):
-                    bound[first.id] = _Detached(node.value)  # type: ignore[arg-type]
+                    bound[first.id] = _Detached(node.value)  # type: ignore[arg-type]  # node.value is an ast.Call here (_is_detach_call)
 
     def _report(self, detach: ast.Call, op: str, line: int, fixable: bool) -> None:
-        source = detach.func.value  # type: ignore[attr-defined]
+        source = detach.func.value  # type: ignore[attr-defined]  # detach.func is an ast.Attribute (x.detach)
         x = self.ctx.segment(source)
         head = f"{self.ctx.segment(detach)} shares memory with {x} and is modified in place "
         head += f"({op}, line {line}), which changes {x} too"
@@ -528,11 +528,11 @@ Pos = Tuple[int, int]
 
 
 def _pos(node: ast.AST) -> Pos:
-    return node.lineno, node.col_offset  # type: ignore[attr-defined]
+    return node.lineno, node.col_offset  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; callers pass stmt/expr nodes
 
 
 def _end_pos(node: ast.AST) -> Pos:
-    return node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
+    return node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; callers pass stmt/expr nodes
 
 
 def _var_key(node: ast.AST) -> Optional[str]:
@@ -623,7 +623,7 @@ class UnsyncedCudaTiming(Rule):
                 key = _var_key(node.targets[0])
                 if key is not None:
                     events = self._events()
-                    events.defs.setdefault(key, []).append((_end_pos(node.value), node.value))  # type: ignore[arg-type]
+                    events.defs.setdefault(key, []).append((_end_pos(node.value), node.value))  # type: ignore[arg-type]  # node.value of an ast.Assign is an expr, never None
         elif isinstance(node, ast.BinOp):
             if not isinstance(node.op, ast.Sub):
                 return
@@ -631,7 +631,7 @@ class UnsyncedCudaTiming(Rule):
             if start is None:
                 return
             if self._is_timer(node.left):
-                self._events().uses.append((start, _end_pos(node.left), node.left))  # type: ignore[arg-type]
+                self._events().uses.append((start, _end_pos(node.left), node.left))  # type: ignore[arg-type]  # node.left of an ast.BinOp is an expr, never None
             else:
                 end = _var_key(node.left)
                 if end is not None:
@@ -682,7 +682,7 @@ class UnsyncedCudaTiming(Rule):
                                 if root is not None and isinstance(sub, (ast.Name, ast.Attribute)):
                                     names.add(root)
                 elif isinstance(node, ast.Expr) and _is_device_move(node.value):
-                    root = _root_name(node.value.func.value)  # type: ignore[attr-defined]
+                    root = _root_name(node.value.func.value)  # type: ignore[attr-defined]  # _is_device_move accepts only x.to(...)-style ast.Call on an ast.Attribute
                     if root is not None:
                         names.add(root)
             self.ctx.cache["cuda_names"] = names
@@ -1207,11 +1207,11 @@ def _bound_here(fn: ast.AST) -> Set[str]:
     """Names a function binds locally (parameters and assignments, minus ``global`` ones)."""
     names: Set[str] = set()
     declared: Set[str] = set()
-    args = fn.args  # type: ignore[attr-defined]
+    args = fn.args  # type: ignore[attr-defined]  # fn is a FunctionDef/AsyncFunctionDef/Lambda node: all have args
     for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
         if arg is not None:
             names.add(arg.arg)
-    for stmt in _statements_in_order(fn.body):  # type: ignore[attr-defined]
+    for stmt in _statements_in_order(fn.body):  # type: ignore[attr-defined]  # fn is a FunctionDef/AsyncFunctionDef node here: both have body
         if isinstance(stmt, ast.Global):
             declared.update(stmt.names)
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
@@ -1295,7 +1295,7 @@ class StateDictOfWrappedModel(Rule):
         """Module functions that ``torch.save`` one of their parameters: name -> (index, param)."""
         savers: Dict[str, Tuple[int, str]] = {}
         for fn in functions:
-            params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]  # type: ignore[attr-defined]
+            params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]  # type: ignore[attr-defined]  # functions holds FunctionDef/AsyncFunctionDef nodes only
             if params and params[0] in ("self", "cls"):
                 continue
             for sub in walk_nodes(fn):
@@ -1306,7 +1306,7 @@ class StateDictOfWrappedModel(Rule):
                     and isinstance(sub.args[0], ast.Name)
                     and sub.args[0].id in params
                 ):
-                    name = fn.name  # type: ignore[attr-defined]
+                    name = fn.name  # type: ignore[attr-defined]  # functions holds FunctionDef/AsyncFunctionDef nodes only
                     savers[name] = (params.index(sub.args[0].id), sub.args[0].id)
                     break
         return savers
@@ -1342,7 +1342,7 @@ class StateDictOfWrappedModel(Rule):
         return found
 
     def _read_scope(self, scope: _Scope, module: Optional[_Scope]) -> None:
-        body = scope.node.body  # type: ignore[attr-defined]
+        body = scope.node.body  # type: ignore[attr-defined]  # a scope node is a Module/FunctionDef/ClassDef: all have body
         for stmt in _statements_in_order(body):
             if isinstance(stmt, ast.Assign):
                 self._assign(scope, module, stmt)
@@ -2169,7 +2169,7 @@ class LegacyLossReduction(Rule):
             if node_value is None or _is_const(node_value, None):
                 values.append(True)
             else:
-                values.append(_literal_bool(node_value, True))  # type: ignore[arg-type]
+                values.append(_literal_bool(node_value, True))  # type: ignore[arg-type]  # node_value is an ast.expr once None is excluded above
         fix = None
         if None not in values and _keyword(node, "reduction") is None:
             sa, rd = values

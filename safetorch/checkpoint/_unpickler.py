@@ -657,10 +657,10 @@ def make_restricted_pickle_module(extra: Mapping[str, Any]) -> types.ModuleType:
         return Unpickler(io.BytesIO(data), **kwargs).load()
 
     module = types.ModuleType("safetorch_restricted_pickle")
-    module.Unpickler = Unpickler  # type: ignore[attr-defined]
-    module.load = load  # type: ignore[attr-defined]
-    module.loads = loads  # type: ignore[attr-defined]
-    module.UnpicklingError = pickle.UnpicklingError  # type: ignore[attr-defined]
+    module.Unpickler = Unpickler  # type: ignore[attr-defined]  # attributes of a synthetic pickle module (ModuleType)
+    module.load = load  # type: ignore[attr-defined]  # attributes of a synthetic pickle module (ModuleType)
+    module.loads = loads  # type: ignore[attr-defined]  # attributes of a synthetic pickle module (ModuleType)
+    module.UnpicklingError = pickle.UnpicklingError  # type: ignore[attr-defined]  # attributes of a synthetic pickle module (ModuleType)
     return module
 
 

@@ -369,7 +369,7 @@ def convert_checkpoint(
 
         def write(tmp: str) -> None:
             with open(tmp, "wb") as fh, _torch_internals_quiet():
-                torch.save(obj, _CountingWriter(fh, progress))  # type: ignore[arg-type]
+                torch.save(obj, _CountingWriter(fh, progress))  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts; its stub names IO[bytes]
 
         atomic_write(dst, write)
     progress.close()

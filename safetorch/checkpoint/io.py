@@ -667,7 +667,7 @@ def _split_n_averaged(
     )
     meta = getattr(state_dict, "_metadata", None)
     if meta is not None:
-        rest._metadata = meta  # type: ignore[attr-defined]
+        rest._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
     return rest, int(value.item()) if isinstance(value, torch.Tensor) else int(value)
 
 
@@ -785,12 +785,12 @@ def load_state_dict(
             to_load[tgt_key] = value
     meta = getattr(remapped, "_metadata", None)
     if meta is not None:
-        to_load._metadata = meta  # type: ignore[attr-defined]
+        to_load._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
     report = LoadReport(
         loaded=list(to_load),
         missing=list(match.unmatched_target),
         unexpected=list(match.unmatched_source),
-        mismatched=mismatched,  # type: ignore[arg-type]
+        mismatched=mismatched,  # type: ignore[arg-type]  # LoadReport declares the list type; the shape tuples are its documented form
         rule=match.rule,
         source_key=source_key,
         n_averaged=n_averaged,

@@ -113,7 +113,7 @@ def _copy_metadata(source: Any, target: MutableMapping[str, Any], rename: Callab
         new_prefix = rename(prefix)
         if new_prefix is not None and new_prefix not in new_meta:
             new_meta[new_prefix] = value
-    target._metadata = new_meta  # type: ignore[attr-defined]
+    target._metadata = new_meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
 
 
 def strip_wrapper_prefixes(state_dict: Mapping[str, Any]) -> "collections.OrderedDict[str, Any]":

@@ -391,7 +391,7 @@ def _fold_bias(layer: nn.Module, bn: _BatchNorm) -> None:
     with torch.no_grad():
         if bn.running_mean is not None:
             bn.running_mean.sub_(bias.detach().to(bn.running_mean.dtype))
-    layer.bias = None  # type: ignore[assignment]
+    layer.bias = None  # type: ignore[assignment]  # torch's stub types bias as a Tensor; None removes it
 
 
 def lint_model(model: nn.Module, example_input: Any = None, *, fix: bool = False) -> List[Finding]:

@@ -652,6 +652,6 @@ def revert_sync_batchnorm(
         if type(child) not in _SYNC_CLASSES:
             return None
         original = child.__dict__.get(_ORIGINAL_CLASS_ATTR) or default
-        return _transplant(child, original, None, None)  # type: ignore[arg-type]
+        return _transplant(child, original, None, None)  # type: ignore[arg-type]  # original is a BatchNorm class here: the child is a converted layer
 
     return _walk_replace(module, replace)

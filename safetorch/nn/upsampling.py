@@ -184,7 +184,7 @@ class UpsamplingNearest2d(Upsample, nn.UpsamplingNearest2d):
     def __init__(self, size: _Size = None, scale_factor: _Scale = None) -> None:
         # Skip nn.UpsamplingNearest2d.__init__ in the MRO: it would call Upsample.__init__
         # with its own signature; nn.Upsample.__init__ is what it ends up calling anyway.
-        nn.Upsample.__init__(self, size, scale_factor, mode="nearest")  # type: ignore[arg-type]
+        nn.Upsample.__init__(self, size, scale_factor, mode="nearest")  # type: ignore[arg-type]  # torch's stub is narrower than the values it accepts (int or tuple)
 
 
 class UpsamplingBilinear2d(Upsample, nn.UpsamplingBilinear2d):
@@ -208,8 +208,8 @@ class UpsamplingBilinear2d(Upsample, nn.UpsamplingBilinear2d):
     def __init__(self, size: _Size = None, scale_factor: _Scale = None) -> None:
         nn.Upsample.__init__(
             self,
-            size,  # type: ignore[arg-type]
-            scale_factor,  # type: ignore[arg-type]
+            size,  # type: ignore[arg-type]  # torch's stub is narrower than the values it accepts (int or tuple)
+            scale_factor,  # type: ignore[arg-type]  # torch's stub is narrower than the values it accepts (float or tuple)
             mode="bilinear",
             align_corners=True,
         )

@@ -122,7 +122,7 @@ def _reduction(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict)
 
 
 # --- torch._six: a module, installed while the patch is on -----------------------------------
-class _SixModule(type(sys)):  # type: ignore[misc]
+class _SixModule(type(sys)):  # type: ignore[misc]  # type(sys) is ModuleType, a valid base mypy cannot see through type()
     """``torch._six`` whose attribute reads are recorded with their modern spelling."""
 
     def __getattr__(self, name: str) -> Any:
@@ -166,7 +166,7 @@ def _remove_six() -> None:
     if sys.modules.get("torch._six") is _six_module:
         del sys.modules["torch._six"]
     if vars(torch).get("_six") is _six_module:
-        del torch._six  # type: ignore[attr-defined]
+        del torch._six  # type: ignore[attr-defined]  # the attribute the patch set; torch's stubs do not declare it
 
 
 def _on_enable() -> None:

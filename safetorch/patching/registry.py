@@ -801,7 +801,7 @@ def call_attributing_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any)
     filters: List[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
     shown = warnings.showwarning
     filters.insert(0, always)
-    warnings.showwarning = record  # type: ignore[assignment]
+    warnings.showwarning = record  # type: ignore[assignment]  # our recorder has showwarning's signature; typeshed's Callable differs in defaults
     _scopes.attributing = True
     try:
         return fn(*args, **kwargs)
@@ -820,7 +820,7 @@ def _attributing(wrapper: WrapperFn) -> WrapperFn:
     def attributing(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
         return call_attributing_warnings(wrapper, wrapped, instance, args, kwargs)
 
-    attributing.__wrapped__ = wrapper  # type: ignore[attr-defined]
+    attributing.__wrapped__ = wrapper  # type: ignore[attr-defined]  # functools-style __wrapped__ on a function object
     return attributing
 
 
