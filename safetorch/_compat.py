@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import threading
 import typing
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
@@ -267,6 +268,72 @@ def default_store() -> "Store":
     return distributed_c10d._get_default_store()
 
 
+# --- is dynamo (torch.compile / torch.export) tracing? -----------------------------------------
+# compiling() is True while dynamo traces a frame or runs a wrapper on FakeTensors to learn
+# output shapes. The second happens outside any traced frame: there torch.compiler
+# .is_compiling() is False up to at least torch 2.9 (2.13 holds it True for the whole compile
+# session), so compiling() also asks whether a dynamo compile is in progress (torch._guards
+# .CompileContext, torch 2.1+). Code that would sync the host or time something (a checked
+# index, an autotuner) calls torch's plain path instead, and nothing is counted.
+def _never_compiling() -> bool:
+    return False
+
+
+def _compile_session() -> bool:
+    guards = sys.modules.get("torch._guards")
+    context = getattr(guards, "CompileContext", None)  # None on torch 2.0
+    return context is not None and context.current_compile_id() is not None
+
+
+def _dynamo_is_compiling() -> bool:  # torch 2.0-2.2; never imports dynamo itself
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is not None and bool(dynamo.is_compiling())
+
+
+_is_compiling: Callable[[], bool] = _never_compiling
+
+
+def _compiling_any() -> bool:
+    return bool(_is_compiling()) or _compile_session()
+
+
+#: ``compiling()``: whether dynamo is tracing or compiling now (always False before torch 2.0).
+compiling: Callable[[], bool] = _never_compiling
+
+
+def _no_registration(wrapper: Any) -> None:
+    return None
+
+
+# Wrappers registered with dynamo < 2.2 by id(): kept alive so that no later object reuses an
+# id that dynamo still allows in graphs.
+_allowed_in_graph: List[Any] = []
+
+
+def _allow_in_graph(wrapper: Any) -> None:
+    import torch._dynamo  # 2.0/2.1 only: ~0.6 s, once, when a patch is first applied
+
+    torch._dynamo.allow_in_graph(wrapper)
+    _allowed_in_graph.append(wrapper)
+
+
+#: ``register_with_dynamo(wrapper)``: make a monkeypatch wrapper of a torch function traceable.
+#: dynamo >= 2.2 looks torch functions up by object (trace_rules, through ``__wrapped__``) and
+#: needs nothing; 2.0/2.1 look them up by id() and need ``allow_in_graph(wrapper)``.
+register_with_dynamo: Callable[[Any], None] = _no_registration
+
+
+def _bind_compiling() -> None:
+    global compiling, _is_compiling, register_with_dynamo
+    if not HAS_COMPILE:  # torch < 2.0: no dynamo
+        compiling, register_with_dynamo = _never_compiling, _no_registration
+        return
+    compiler: Any = getattr(torch, "compiler", None)
+    _is_compiling = compiler.is_compiling if HAS_COMPILER_IS_COMPILING else _dynamo_is_compiling
+    compiling = _compiling_any
+    register_with_dynamo = _no_registration if DYNAMO_HAS_TRACE_RULES else _allow_in_graph
+
+
 # --- branch binding ------------------------------------------------------------------------
 _binders: List[Callable[[], None]] = []
 _lock = threading.RLock()
@@ -310,3 +377,6 @@ def override(**values: bool) -> Iterator[None]:
         finally:
             g.update(saved)
             _rebind()
+
+
+register_binder(_bind_compiling)

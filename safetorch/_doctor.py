@@ -174,10 +174,10 @@ def _patch_mode() -> Dict[str, Any]:
                 "SAFETORCH_PATCH is set but no hook is installed, so plain `python` ignores it; "
                 "run `safetorch install-hook` or start programs with `safetorch run`"
             )
-    from safetorch.patching.cli import _allow_list
+    from safetorch.patching.allow import parse_allow_list
 
     try:
-        info["allowed_globals"] = _allow_list([info["SAFETORCH_ALLOW"] or ""])
+        info["allowed_globals"] = parse_allow_list([info["SAFETORCH_ALLOW"] or ""])
     except ValueError as exc:
         problems.append(f"SAFETORCH_ALLOW: {exc}")
     info["problems"] = problems

@@ -11,35 +11,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-from typing import List
+
+from safetorch.patching.allow import parse_allow_list
 
 __all__: list = []
 
 # "module.Name" or "package.module.Outer.Inner": what --allow accepts.
-_GLOBAL_NAME = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")
 
 
 def _fail(command: str, message: str, status: int = 2) -> int:
     sys.stderr.write(f"safetorch {command}: {message}\n")
     return status
-
-
-def _allow_list(values: List[str]) -> List[str]:
-    out: List[str] = []
-    for value in values:
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if not _GLOBAL_NAME.match(part):
-                raise ValueError(
-                    f"--allow {part!r} is not a global name; expected MODULE.NAME such as "
-                    "mypkg.config.TrainConfig (the name the refusal message lists)"
-                )
-            out.append(part)
-    return out
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -55,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
         names = registry.resolve_names(args.patch or ["all"], default_all=True)
         off = registry.resolve_names(args.no_patch or [], default_all=False)
         names = [n for n in names if n not in off]
-        allow = _allow_list(args.allow or [])
+        allow = parse_allow_list(args.allow or [])
     except ValueError as exc:
         return _fail("run", str(exc))
     problem = runner.check_target(argv[0], module=args.module)

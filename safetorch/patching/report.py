@@ -1,0 +1,169 @@
+"""What monkeypatch mode changed: per-patch counts of changed calls and their first call site.
+
+:func:`record` counts a changed call per (patch, kind) and remembers the first call site in
+user code, for the report at the end of ``safetorch run``; :class:`counted_call` makes several
+changes of one call count as one call. Counting uses ``itertools.count``, whose ``next`` is
+atomic, so wrappers take no lock on their fast path. Nothing is counted while dynamo traces.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import sysconfig
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import wrapt
+
+from safetorch import _compat
+
+__all__: List[str] = []  # private: reached through safetorch.patching.registry
+
+
+def _dir_of(module: Any) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+_SAFETORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_SKIP_ALWAYS = (_SAFETORCH_DIR, _dir_of(wrapt))
+_LIBRARY: Tuple[str, ...] = (
+    os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
+    "<frozen ",
+)
+
+
+def _torch_dir() -> Tuple[str, ...]:
+    torch = sys.modules.get("torch")
+    return (_dir_of(torch),) if torch is not None and getattr(torch, "__file__", None) else ()
+
+
+def call_site(depth: int = 2) -> str:
+    """``file:line`` of the innermost frame in user code (not safetorch, wrapt, torch, stdlib).
+
+    Falls back to the innermost frame outside safetorch and wrapt (a DataLoader pin thread
+    has no user frame at all).
+    """
+    library = _LIBRARY + _torch_dir()
+    frame: Any = sys._getframe(depth)
+    fallback = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_SKIP_ALWAYS):
+            here = f"{filename}:{frame.f_lineno}"
+            if not filename.startswith(library):
+                return here
+            fallback = fallback or here
+        frame = frame.f_back
+    return fallback or "<unknown>"
+
+
+class _Stat:
+    __slots__ = ("counter", "site", "detail")
+
+    def __init__(self, site: str, detail: str) -> None:
+        self.counter = itertools.count(1)
+        self.site = site
+        self.detail = detail
+
+    @property
+    def count(self) -> int:
+        # itertools.count's repr is "count(N)": the next value, so N - 1 calls were counted.
+        return int(repr(self.counter)[6:-1]) - 1
+
+
+_stats: Dict[Tuple[str, str], _Stat] = {}
+_calls: Dict[str, _Stat] = {}  # changed calls per patch (a call may make several changes)
+_stats_lock = threading.Lock()
+_scopes = threading.local()
+
+
+class counted_call:
+    """``with counted_call(patch):`` -- every :func:`record` inside is one call's change.
+
+    Without it each :func:`record` counts one call. A wrapper that may make several changes
+    in one call (``torch.load``: the weights_only default, then CUDA storages mapped to the
+    CPU) records them inside one ``counted_call``, so the report says "1 call changed (2
+    changes)" rather than "2 calls changed".
+    """
+
+    __slots__ = ("_patch", "_outer")
+
+    def __init__(self, patch: str) -> None:
+        self._patch = patch
+
+    def __enter__(self) -> None:
+        open_scopes = _scopes.__dict__.setdefault("open", {})
+        self._outer = self._patch not in open_scopes
+        if self._outer:
+            open_scopes[self._patch] = False  # no call counted yet
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer:
+            del _scopes.open[self._patch]
+
+
+def _count_call(patch: str) -> None:
+    open_scopes: Optional[Dict[str, bool]] = _scopes.__dict__.get("open")
+    if open_scopes is not None and patch in open_scopes:
+        if open_scopes[patch]:
+            return  # this call was already counted
+        open_scopes[patch] = True
+    stat = _calls.get(patch)
+    if stat is None:
+        with _stats_lock:
+            stat = _calls.setdefault(patch, _Stat("", ""))
+    next(stat.counter)
+
+
+def record(patch: str, kind: str, detail: str = "") -> None:
+    """Count one change of ``kind`` under ``patch``; the first one keeps its call site.
+
+    Each record is also one changed call, unless it happens inside :class:`counted_call`,
+    where all records of the same patch make one call. Nothing is counted while dynamo
+    traces (a compiled graph has no Python call to count).
+    """
+    if _compat.compiling():
+        return
+    stat = _stats.get((patch, kind))
+    if stat is None:
+        site = call_site(3)
+        with _stats_lock:
+            stat = _stats.setdefault((patch, kind), _Stat(site, detail))
+    next(stat.counter)
+    _count_call(patch)
+
+
+def call_count(patch: str) -> int:
+    """How many calls ``patch`` changed (each may have made several changes)."""
+    stat = _calls.get(patch)
+    return 0 if stat is None else stat.count
+
+
+@dataclass(frozen=True)
+class ReportEntry:
+    """One line of the report: ``count`` calls of ``kind`` changed by ``patch``."""
+
+    patch: str
+    kind: str
+    count: int
+    first_site: str
+    detail: str
+
+
+def report_entries() -> List[ReportEntry]:
+    with _stats_lock:
+        items = list(_stats.items())
+    from safetorch.patching.registry import declared
+
+    order = {p.name: i for i, p in enumerate(declared())}
+    items.sort(key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1]))
+    return [ReportEntry(p, k, s.count, s.site, s.detail) for (p, k), s in items]
+
+
+def reset_counts() -> None:
+    with _stats_lock:
+        _stats.clear()
+        _calls.clear()

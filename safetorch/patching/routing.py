@@ -1,0 +1,93 @@
+"""Routing a patched torch call to its safetorch implementation: scope and skeleton.
+
+:class:`reentry` marks a thread as inside a routed call of a patch, so that a safetorch
+implementation calling the torch entry point it replaces (st.load calls torch.load) reaches
+torch's original; :func:`route` is the wrapper skeleton every patch shares.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from safetorch.patching.report import counted_call, record
+
+__all__: List[str] = []  # private: reached through safetorch.patching.registry
+
+# (wrapped, instance, args, kwargs) -> result: wrapt's wrapper protocol.
+WrapperFn = Callable[[Any, Any, Tuple[Any, ...], Dict[str, Any]], Any]
+
+_local = threading.local()
+
+
+class reentry:
+    """``with reentry(name) as nested:`` -- ``nested`` is True inside an outer call of ``name``.
+
+    A safetorch implementation may call the very torch entry point its patch wraps (st.load
+    calls torch.load); the nested call must reach torch's original, never the wrapper again.
+    """
+
+    __slots__ = ("_name", "_outer")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __enter__(self) -> bool:
+        busy = _local.__dict__.setdefault("busy", set())
+        self._outer = self._name not in busy
+        busy.add(self._name)
+        return not self._outer
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer:
+            _local.busy.discard(self._name)
+
+
+def nested(name: str) -> bool:
+    """Whether the current thread is inside a safetorch-routed call of patch ``name``."""
+    busy: Optional[Set[str]] = _local.__dict__.get("busy")
+    return busy is not None and name in busy
+
+
+def route(
+    patch: str,
+    body: WrapperFn,
+    *,
+    kind: Optional[str] = None,
+    detail: str = "",
+    counted: bool = False,
+    select: Optional[Callable[[Any, Tuple[Any, ...], Dict[str, Any]], Any]] = None,
+) -> WrapperFn:
+    """The wrapper skeleton every patch shares, around ``body`` (which routes to st.<name>).
+
+    A call made while ``patch`` is already routing on this thread (a safetorch function calling
+    the torch entry point it replaces) goes straight to torch's original. Otherwise ``kind`` (if
+    given) is recorded, and ``body(wrapped, instance, args, kwargs)`` runs inside
+    :class:`reentry`, and inside :class:`counted_call` when ``counted`` (a body that records
+    several changes of one call, or decides itself whether to record). ``select(instance, args,
+    kwargs)``, when given, decides first: ``None`` sends the call to torch untouched (outside
+    the reentry scope, so calls torch makes from there still route); anything else reaches the
+    body as its only argument, ``args == (selected,)``. A patch
+    module then only declares what routes where::
+
+        Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm",
+               route("syncbn", lambda w, i, a, k: st_convert(*a, **k), kind="..."))
+    """
+
+    def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if nested(patch):
+            return wrapped(*args, **kwargs)
+        if select is not None:
+            selected = select(instance, args, kwargs)
+            if selected is None:
+                return wrapped(*args, **kwargs)
+            args, kwargs = (selected,), {}
+        if kind is not None:
+            record(patch, kind, detail)
+        if counted:
+            with counted_call(patch), reentry(patch):
+                return body(wrapped, instance, args, kwargs)
+        with reentry(patch):
+            return body(wrapped, instance, args, kwargs)
+
+    return wrapper
