@@ -10,13 +10,6 @@ helpers behind them (``canonical_key``, ``remap_state_dict``, ...).
 
 from typing import List
 
-from safetorch.checkpoint.io import (
-    CheckpointSaver,
-    MapToAvailable,
-    load,
-    load_state_dict,
-    save_checkpoint,
-)
 from safetorch.checkpoint.keys import (
     KeyMatch,
     canonical_key,
@@ -26,7 +19,10 @@ from safetorch.checkpoint.keys import (
     strip_wrapper_prefixes,
     unwrap_model,
 )
+from safetorch.checkpoint.loading import MapToAvailable, load
+from safetorch.checkpoint.model_state import load_state_dict
 from safetorch.checkpoint.report import LoadReport
+from safetorch.checkpoint.saving import CheckpointSaver, save_checkpoint
 from safetorch.checkpoint.state import load_state, save_state
 
 __all__: List[str] = [

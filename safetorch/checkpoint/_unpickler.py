@@ -60,6 +60,7 @@ from typing import IO, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, 
 import torch
 
 from safetorch import _compat
+from safetorch.checkpoint import formats
 
 __all__: List[str] = []  # private module
 
@@ -852,7 +853,7 @@ def _skip(stream: IO[bytes], n: int) -> int:
     return done
 
 
-ZIP_MAGIC = b"PK\x03\x04"
+ZIP_MAGIC = formats.ZIP_MAGIC
 
 
 def zip_record_prefix(names: List[str]) -> str:

@@ -23,14 +23,8 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, T
 import torch
 
 from safetorch import _compat
-from safetorch.checkpoint import _unpickler, layouts
-from safetorch.checkpoint.io import (
-    _ZIP_MAGIC,
-    _torch_internals_quiet,
-    _unwrapped,
-    atomic_write,
-    load,
-)
+from safetorch._atomic import atomic_write
+from safetorch.checkpoint import _unpickler, formats, layouts
 from safetorch.checkpoint.keys import (
     _leading_prefixes,
     _wrapper_segments_in,
@@ -41,6 +35,8 @@ from safetorch.checkpoint.keys import (
     match_keys,
     state_dict_keys,
 )
+from safetorch.checkpoint.loading import _torch_internals_quiet, load
+from safetorch.checkpoint.saving import _unwrapped
 from safetorch.errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = [
@@ -87,11 +83,8 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _format_of(path: str) -> str:
-    with open(path, "rb") as fh:
-        head = fh.read(9)
-    if path.endswith(".safetensors") or (len(head) == 9 and head[8:9] == b"{"):
-        return "safetensors"
-    return "zip" if head.startswith(_ZIP_MAGIC) else "legacy"
+    kind = formats.sniff(path)  # the one sniffer st.load uses
+    return kind if kind in ("safetensors", "zip") else "legacy"
 
 
 def inspect_checkpoint(path: str) -> Dict[str, Any]:
@@ -702,7 +695,7 @@ def fit_checkpoint(
     >>> report.ok, report.mismatched[0]
     (False, ('weight', (2, 2), (3, 2)))
     """
-    from safetorch.checkpoint import io as _io
+    from safetorch.checkpoint import model_state as _io
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(

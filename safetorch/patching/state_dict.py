@@ -26,7 +26,7 @@ __all__: list = []
 
 _NAME = "state_dict"
 _log = logging.getLogger("safetorch")
-_io = importlib.import_module("safetorch.checkpoint.io")
+_model_state = importlib.import_module("safetorch.checkpoint.model_state")
 _SIGNATURE = inspect.signature(nn.Module.load_state_dict)
 
 
@@ -56,7 +56,7 @@ def _load_state_dict_body(
 ) -> Any:
     ((_, source, strict, options),) = args
     try:
-        report = _io.load_state_dict(instance, source, strict=bool(strict), **options)
+        report = _model_state.load_state_dict(instance, source, strict=bool(strict), **options)
     except RuntimeError as exc:
         registry.record(
             _NAME,

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import safetorch as st
-from safetorch.checkpoint import io as ckpt_io
+from safetorch.checkpoint import saving as ckpt_io
 
 
 def run(rank: int, directory: str) -> None:

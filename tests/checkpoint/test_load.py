@@ -18,7 +18,7 @@ import torch
 import safetorch as st
 from safetorch import _compat
 from safetorch.checkpoint import _unpickler
-from safetorch.checkpoint import io as ckpt_io
+from safetorch.checkpoint import loading as ckpt_io
 
 # Which st.load branch runs: the installed torch (>= 2.6: torch's own weights-only unpickler
 # for files that need nothing beyond torch's allow-list and opcodes, safetorch's restricted

@@ -11,7 +11,7 @@ from torch import nn
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.checkpoint import io as ckpt_io
+from safetorch.checkpoint import model_state as ckpt_io
 
 WRAPPER_NAMES = [
     "plain",

@@ -1,0 +1,582 @@
+"""st.load: weights-only loading on every torch, with a clear error for every failure.
+
+torch's own ``torch.load`` is captured at import (``_torch_load``): monkeypatch mode later
+routes ``torch.load`` here, and this module must keep calling the original.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import warnings
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Union,
+)
+
+import torch
+
+from safetorch import _compat
+from safetorch._stack import user_stacklevel
+from safetorch.checkpoint import _unpickler, formats
+from safetorch.errors import (
+    CheckpointError,
+    CheckpointFileNotFoundError,
+    CheckpointFileObjectError,
+    CheckpointNotSeekableError,
+    CheckpointWarning,
+    SafetorchError,
+    UnsafeCheckpointError,
+)
+
+__all__ = ["load", "MapToAvailable"]
+
+logger = logging.getLogger("safetorch")
+
+# The originals, captured before any monkeypatching can replace them.
+_torch_load = torch.load
+
+PathLike = Union[str, "os.PathLike[str]"]
+FileLike = Union[PathLike, IO[bytes]]
+
+
+# torch's own deprecation warnings raised from inside torch.load/torch.save, not about anything
+# the caller did: torch 2.0-2.x warn "TypedStorage is deprecated" from torch/storage.py while
+# loading (once per process). Filtered by message only, around safetorch's own calls.
+_TORCH_INTERNAL_WARNINGS = ("TypedStorage is deprecated",)
+
+
+@contextlib.contextmanager
+def _torch_internals_quiet() -> Iterator[None]:
+    """Hide torch-internal deprecation warnings raised inside safetorch's own torch calls.
+
+    torch warns about TypedStorage once per process; a warning hidden here does not use up
+    that one warning, so user code touching TypedStorage still sees it.
+    """
+    once = getattr(getattr(torch, "storage", None), "_warn_typed_storage_removal", None)
+    had = once.__dict__.get("has_warned") if once is not None else None
+    with warnings.catch_warnings():
+        for message in _TORCH_INTERNAL_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        try:
+            yield
+        finally:
+            if once is not None:
+                if had is None:
+                    once.__dict__.pop("has_warned", None)
+                else:
+                    once.__dict__["has_warned"] = had
+
+
+def _quiet_torch_load(*args: Any, **kwargs: Any) -> Any:
+    with _torch_internals_quiet():
+        return _torch_load(*args, **kwargs)
+
+
+# --- branch binding (see _compat.register_binder) -------------------------------------------
+_defer_to_torch: bool
+_load_restricted_impl: Callable[..., Any]
+_mmap_supported: bool
+
+
+def _load_restricted(
+    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any], encoding: str
+) -> Any:
+    """Load with safetorch's restricted unpickler (see _unpickler's opcode policy).
+
+    torch's own format readers ``_load`` (zip) / ``_legacy_load`` do the file work: both
+    subclass ``pickle_module.Unpickler`` and set its ``persistent_load``, so every opcode goes
+    through the restricted unpickler (same signatures 1.13 to 2.x). Calling them directly,
+    rather than ``torch.load(pickle_module=...)``, keeps the path independent of torch.load's
+    defaults and environment switches (TORCH_FORCE_WEIGHTS_ONLY_LOAD) and of its TorchScript
+    and tar dispatch, which ``load`` has already refused.
+    """
+    module = _unpickler.make_restricted_pickle_module(extra)
+    with _torch_internals_quiet(), _compat.open_file_like(f, "rb") as opened:
+        if _compat.is_zipfile(opened):
+            with _compat.open_zipfile_reader(opened) as archive:
+                kwargs: Dict[str, Any] = {}
+                if use_mmap:  # MAP_PRIVATE, as torch.load(mmap=True) by default
+                    kwargs["overall_storage"] = torch.UntypedStorage.from_file(
+                        os.fspath(f), False, os.path.getsize(f)
+                    )
+                return _compat.zip_load(archive, map_location, module, encoding=encoding, **kwargs)
+        return _compat.legacy_load(opened, map_location, module, encoding=encoding)
+
+
+def _load_torch_weights_only(f: Any, map_location: Any, use_mmap: bool) -> Any:
+    """torch >= 2.6: torch's own weights-only unpickler (defer to it where it is as strict)."""
+    return _quiet_torch_load(
+        f, map_location=map_location, weights_only=True, **_mmap_kwargs(use_mmap)
+    )
+
+
+def _load_full(f: Any, map_location: Any, pickle_module: Any, use_mmap: bool, encoding: str) -> Any:
+    # weights_only=False said explicitly: torch 2.6's default and TORCH_FORCE_* environment
+    # variables decide nothing then.
+    kwargs: Dict[str, Any] = dict(_mmap_kwargs(use_mmap), encoding=encoding, weights_only=False)
+    if pickle_module is not None:
+        kwargs["pickle_module"] = pickle_module
+    return _quiet_torch_load(f, map_location=map_location, **kwargs)
+
+
+def _mmap_kwargs(use_mmap: bool) -> Dict[str, Any]:
+    return {"mmap": True} if use_mmap else {}
+
+
+@_compat.register_binder
+def _bind() -> None:
+    global _defer_to_torch, _mmap_supported
+    # torch 2.6 (the release whose weights-only loader refuses TorchScript archives, the fix for
+    # CVE-2025-32434, and made weights_only the default): from there on torch's weights-only
+    # unpickler is at least as strict as ours for every opcode it supports, so files that only
+    # need torch's own allow-list and opcodes go to it. Older torch always uses ours.
+    _defer_to_torch = _compat.LOAD_WEIGHTS_ONLY_DEFAULT_TRUE
+    _mmap_supported = _compat.LOAD_HAS_MMAP  # torch >= 2.1
+
+
+# --- st.load ----------------------------------------------------------------------------------
+_is_path = formats.is_path
+
+
+def _display(f: Any) -> str:
+    if _is_path(f):
+        return repr(os.fsdecode(f))
+    name = getattr(f, "name", None)
+    return repr(name) if isinstance(name, str) else f"<{type(f).__name__}>"
+
+
+def _check_file_argument(f: Any, function: str = "st.load") -> None:
+    if _is_path(f):
+        return
+    if not callable(getattr(f, "read", None)):
+        raise TypeError(
+            f"{function}: f must be a path (str or os.PathLike) or a binary file object with "
+            f"read(), seek() and tell(), got {type(f).__name__} {f!r:.80}"
+        )
+    missing = [m for m in ("seek", "tell") if not callable(getattr(f, m, None))]
+    if missing:
+        raise CheckpointFileObjectError(
+            f"cannot load checkpoint {_display(f)}: the file object has no "
+            f"{' or '.join(m + '()' for m in missing)}. You can only torch.load from a file that "
+            "is seekable. Please pre-load the data into a buffer like io.BytesIO and try to "
+            "load from it instead."
+        )
+    seekable = getattr(f, "seekable", None)
+    if callable(seekable) and not seekable():
+        raise CheckpointNotSeekableError(
+            f"cannot load checkpoint {_display(f)}: the file object is not seekable. You can "
+            "only torch.load from a file that is seekable. Please pre-load the data into a "
+            "buffer like io.BytesIO and try to load from it instead."
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+class _ZipFacts:
+    """What load needs to know about a zip checkpoint, read from its central directory."""
+
+    __slots__ = ("problem", "storages_stored", "scan")
+
+    def __init__(self, problem: Optional[str], storages_stored: bool) -> None:
+        self.problem = problem
+        self.storages_stored = storages_stored
+        self.scan: Optional[_unpickler.ScanResult] = None  # data.pkl's, when asked for
+
+
+def _zip_facts(f: Any, scan: bool) -> _ZipFacts:
+    """Central-directory facts (nothing is decompressed): torch's record prefix, whether it is
+    a TorchScript archive, whether data.pkl exists and every storage is stored uncompressed,
+    and whether each storage's entry is sound; with ``scan``, also data.pkl's globals, from
+    the same open archive (the directory is read once)."""
+    import zipfile
+
+    with contextlib.ExitStack() as stack:
+        try:
+            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else _unpickler.seekable(f)
+            start = fh.tell()
+            stack.callback(fh.seek, start)
+            archive = stack.enter_context(zipfile.ZipFile(fh))
+            infos = archive.infolist()
+        except Exception:  # BadZipFile, OSError, OverflowError (Python 3.9, bad end record), ...
+            return _ZipFacts(
+                "the zip archive is truncated or corrupt (its directory is unreadable)", False
+            )
+        facts = _storage_facts(archive, infos)
+        if scan and facts.problem is None:
+            facts.scan = _unpickler.scan_archive(archive)
+        return facts
+
+
+def _storage_facts(archive: Any, infos: List[Any]) -> _ZipFacts:
+    import zipfile
+
+    names = [i.filename for i in infos]
+    prefix = _unpickler.zip_record_prefix(names)
+    if f"{prefix}/constants.pkl" in names:
+        return _ZipFacts(
+            "it is a TorchScript archive (torch.jit.save), not a torch.save checkpoint; load it "
+            "with torch.jit.load, which runs the TorchScript code it contains: only for files "
+            "you trust",
+            False,
+        )
+    if f"{prefix}/data.pkl" not in names:
+        return _ZipFacts("it is a zip archive without data.pkl, not a torch.save checkpoint", False)
+    data = f"{prefix}/data/"
+    storages = [i for i in infos if i.filename.startswith(data)]
+    stored = all(i.compress_type == zipfile.ZIP_STORED for i in storages)
+    # torch's zip reader (miniz) takes an entry whose MS-DOS directory bit is set for a directory
+    # and hands back uninitialized memory for it (seen on torch 2.8): never a storage.
+    marked_dirs = [i.filename for i in storages if i.external_attr & 0x10 or i.is_dir()]
+    if marked_dirs:
+        return _ZipFacts(
+            f"the zip archive is damaged (storage record {marked_dirs[0]!r} is marked as a "
+            "directory)",
+            False,
+        )
+    # Each storage's local header must agree with the directory (a 30-byte read each, nothing
+    # decompressed): a damaged entry would make torch read tensor data from the wrong place.
+    try:
+        for info in storages:
+            with archive.open(info):
+                pass
+    except Exception as exc:  # a local header that disagrees with the directory, ...
+        return _ZipFacts(f"the zip archive is damaged ({type(exc).__name__}: {exc})", False)
+    return _ZipFacts(None, stored)
+
+
+def _refusal_message(name: str, unsafe: List[str]) -> str:
+    dangerous = [n for n in unsafe if n in _unpickler.KNOWN_DANGEROUS]
+    listed = ", ".join(unsafe)
+    message = (
+        f"refused to load {name}: it references {len(unsafe)} global(s) outside the "
+        f"weights-only allow-list: {listed}. Nothing from the file was executed."
+    )
+    if dangerous:
+        message += (
+            f" {', '.join(dangerous)} can run arbitrary code: do not allow them unless you "
+            "wrote this file yourself."
+        )
+    flags = " ".join(f"--allow {n}" for n in unsafe)
+    message += (
+        f" If you trust the file and these globals, allow them for this load: "
+        f"st.load({name}, allow={unsafe!r}); or register them with torch: "
+        f"torch.serialization.add_safe_globals([...]) or `with "
+        f"torch.serialization.safe_globals([...]):`; under `safetorch run`: {flags} (or "
+        f"SAFETORCH_ALLOW={','.join(unsafe)}). To load a fully trusted file: "
+        "weights_only=False."
+    )
+    return message
+
+
+def _load_safetensors(f: Any, name: str, map_location: Any) -> Any:
+    try:
+        import safetensors.torch as st_torch
+    except ImportError:
+        raise CheckpointError(
+            f"{name} is a .safetensors file and the safetensors package is not installed; "
+            "install it with: pip install 'safetorch[safetensors]'"
+        ) from None
+    device = str(map_location) if isinstance(map_location, (str, torch.device)) else "cpu"
+    try:
+        if _is_path(f):
+            return st_torch.load_file(os.fsdecode(f), device=device)
+        tensors = st_torch.load(f.read())
+        return {k: v.to(device) for k, v in tensors.items()} if device != "cpu" else tensors
+    except Exception as exc:
+        raise CheckpointError(
+            f"cannot load {name}: not a valid safetensors file ({_first_line(exc)})"
+        ) from None
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "rebuilding its tensors ran out of memory (the file asks for huge sizes)"
+    if isinstance(exc, (EOFError, pickle.UnpicklingError)):
+        return "its pickle data is truncated or corrupt"
+    text = str(exc)
+    if any(k in text for k in ("PytorchStreamReader", "inline_container", "CRC", "zip")):
+        return "the zip archive is damaged (a storage record is truncated or corrupt)"
+    if isinstance(exc, (RuntimeError, OSError)):
+        return "torch could not rebuild its tensors (truncated or corrupt storage data)"
+    return "its contents are malformed"
+
+
+class MapToAvailable:
+    """A ``map_location`` for checkpoints that may come from another machine: storages saved on
+    CUDA load on the CPU where this machine has no CUDA (torch's default raises "Attempting to
+    deserialize object on a CUDA device but torch.cuda.is_available() is False"); everything
+    else loads where torch would put it. ``mapped`` counts the storages it moved.
+
+    ``st.load(f, map_location="available")`` uses one; ``torch.load`` accepts one too. The
+    ``load`` patch passes one when a legacy ``torch.load(f)`` call gives no ``map_location``.
+
+    >>> import io, torch
+    >>> from safetorch.checkpoint import MapToAvailable
+    >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
+    >>> where = MapToAvailable()
+    >>> torch.load(buf, map_location=where, weights_only=True)["w"].device, where.mapped
+    (device(type='cpu'), 0)
+    """
+
+    __slots__ = ("mapped", "_cuda")
+
+    def __init__(self) -> None:
+        self.mapped = 0
+        self._cuda = torch.cuda.is_available()
+
+    def __call__(self, storage: Any, location: str) -> Any:
+        if not self._cuda and str(location).startswith("cuda"):
+            self.mapped += 1
+            return storage  # deserialized on the CPU: keep it there
+        return None  # torch's default_restore_location
+
+    def __repr__(self) -> str:
+        return f"MapToAvailable(mapped={self.mapped})"
+
+
+def load(
+    f: FileLike,
+    map_location: Any = "cpu",
+    pickle_module: Any = None,
+    *,
+    weights_only: Optional[bool] = None,
+    mmap: Optional[bool] = None,
+    allow: Iterable[Any] = (),
+    encoding: str = "utf-8",
+) -> Any:
+    """Load a checkpoint safely: weights-only on every torch, CPU by default, never less strict
+    than ``torch.load(weights_only=True)`` of the newest torch.
+
+    Arguments follow ``torch.load``'s order. Every pickle goes through a weights-only unpickler:
+    torch's own on torch >= 2.6 when the file needs nothing beyond torch's allow-list, else
+    safetorch's (same opcode policy or stricter; see ``safetorch/checkpoint/_unpickler.py``).
+    ``allow=`` applies to this call only: no other thread or later call sees it.
+
+    Args:
+        f: a path or a seekable binary file object (``torch.save`` zip or legacy format, or a
+            ``.safetensors`` file).
+        map_location: where tensors go, as for ``torch.load``; ``"cpu"`` by default so a
+            checkpoint saved on a GPU loads on a CPU-only machine. ``"available"`` keeps
+            torch's placement (each storage on the device it was saved from) except that
+            storages saved on CUDA load on the CPU where there is no CUDA (see
+            :class:`MapToAvailable`).
+        pickle_module: ``None`` or the standard ``pickle`` module (both load weights-only);
+            any other module (e.g. ``dill``) unpickles fully and needs ``weights_only=False``.
+        weights_only: ``None`` (default) or ``True``: only tensors, containers and
+            allow-listed classes are rebuilt. ``False`` runs arbitrary pickle code: use it
+            only for trusted files (a CheckpointWarning says so).
+        mmap: ``True`` memory-maps the storages (torch >= 2.1, zip files given by path, and
+            only uncompressed storages; otherwise the file is read, with a warning). The
+            returned tensors then change if the file is rewritten later. ``None``/``False``
+            read the file into memory.
+        allow: extra globals allowed for this call, as classes/functions or ``"module.Name"``
+            strings. ``argparse.Namespace`` is always allowed.
+        encoding: for Python 2 strings in old checkpoints, as ``torch.load`` (e.g.
+            ``"latin1"``).
+
+    Returns:
+        The loaded object.
+
+    Raises:
+        UnsafeCheckpointError: the file references globals or pickle operations outside the
+            weights-only policy; the error lists every unsafe global and each way to allow
+            them; nothing was executed.
+        CheckpointError: the file is empty, truncated, corrupt, not a checkpoint, a TorchScript
+            or legacy tar archive, or its tensors cannot be rebuilt (also a FileNotFoundError
+            when it does not exist, an io.UnsupportedOperation when it is not seekable).
+        TypeError: ``f`` is neither a path nor a binary file object.
+
+    >>> import io, torch, safetorch as st
+    >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
+    >>> st.load(buf)
+    {'w': tensor([1., 1.])}
+    """
+    if isinstance(map_location, str) and map_location == "available":
+        map_location = MapToAvailable()
+    return _load(
+        f,
+        map_location,
+        pickle_module,
+        weights_only=weights_only,
+        mmap=mmap,
+        allow=allow,
+        encoding=encoding,
+        mmap_for_copy=False,
+    )
+
+
+def _load(
+    f: Any,
+    map_location: Any,
+    pickle_module: Any,
+    *,
+    weights_only: Optional[bool],
+    mmap: Optional[bool],
+    allow: Iterable[Any],
+    encoding: str,
+    mmap_for_copy: bool,
+) -> Any:
+    _check_file_argument(f)
+    if weights_only not in (None, True, False):
+        raise TypeError(
+            f"st.load: weights_only must be None, True or False, got "
+            f"{type(weights_only).__name__} {weights_only!r}"
+        )
+    if not isinstance(encoding, str):
+        raise TypeError(f"st.load: encoding must be a str, got {type(encoding).__name__}")
+    if pickle_module is pickle:
+        pickle_module = None  # the standard module: torch's default; load it weights-only
+    safe = weights_only is not False
+    name = _display(f)
+    if pickle_module is not None and safe:
+        raise ValueError(
+            f"st.load({name}, pickle_module={getattr(pickle_module, '__name__', pickle_module)})"
+            " unpickles fully, which can run arbitrary code; pass weights_only=False as well "
+            "if you trust the file, or drop pickle_module to load it weights-only"
+        )
+    extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
+    src: Any = f
+    if _is_path(src):
+        if os.path.isdir(src) or os.fsdecode(src).endswith(".index.json"):
+            raise CheckpointError(
+                f"cannot load checkpoint {name}: it is a "
+                f"{'directory' if os.path.isdir(src) else 'shard index'}; load model weights "
+                "from it with st.load_state_dict(model, path) (DCP directories, shard indexes "
+                "and transformers/accelerate directories), or pass one file inside it"
+            )
+        try:
+            size = os.path.getsize(src)
+        except FileNotFoundError:
+            raise CheckpointFileNotFoundError(
+                f"checkpoint {name} does not exist (cwd: {os.getcwd()!r})"
+            ) from None
+        if size == 0:
+            raise CheckpointError(f"cannot load checkpoint {name}: the file is empty")
+        start: Optional[int] = None
+    else:
+        start = src.tell()
+    head = formats.read_head(src)
+    kind = formats.sniff(src, head)
+    if kind == "empty":
+        raise CheckpointError(f"cannot load checkpoint {name}: the file is empty")
+    if kind == "safetensors":
+        return _load_safetensors(src, name, map_location)
+    is_zip = kind == "zip"
+    facts = _zip_facts(src, scan=safe) if is_zip else None
+    want_mmap = bool(mmap) or (mmap_for_copy and mmap is not False)
+    use_mmap = bool(
+        want_mmap and _mmap_supported and facts and facts.storages_stored and _is_path(src)
+    )
+    if mmap and not use_mmap:
+        if facts is not None and facts.problem is None and not facts.storages_stored:
+            warnings.warn(
+                f"mmap=True ignored for {name}: its storages are compressed and a map would "
+                "return the compressed bytes; the file is read instead",
+                CheckpointWarning,
+                stacklevel=user_stacklevel(),
+            )
+        else:
+            logger.info(
+                "mmap not possible for %s (legacy format, file object or torch < 2.1)", name
+            )
+    if use_mmap:
+        src = os.fspath(src)  # torch 2.1-2.5's mmap path accepts only str (isinstance(f, str))
+
+    if not safe:
+        warnings.warn(
+            f"loading {name} with weights_only=False: unpickling can run arbitrary code; "
+            "do this only for files you trust",
+            CheckpointWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return _wrap_failures(
+            name, lambda: _load_full(src, map_location, pickle_module, use_mmap, encoding)
+        )
+
+    if facts is not None and facts.problem is not None:
+        raise CheckpointError(f"cannot load checkpoint {name}: {facts.problem}")
+    if not is_zip:
+        if kind == "tar":
+            raise CheckpointError(
+                f"cannot load checkpoint {name}: it is in the legacy tar format of torch < 0.4, "
+                "which cannot be loaded weights-only. If you trust the file, load it with "
+                "weights_only=False and re-save it with st.save_checkpoint"
+            )
+        if head[:1] != b"\x80":
+            raise CheckpointError(
+                f"cannot load checkpoint {name}: it is not a PyTorch checkpoint (it starts "
+                f"with {head[:8]!r})"
+            )
+    scan = facts.scan if facts is not None and facts.scan is not None else _unpickler.scan_file(src)
+    if start is not None:
+        src.seek(start)
+    unsafe = _unpickler.unsafe_globals(scan.globals, extra)
+    if unsafe:
+        raise UnsafeCheckpointError(_refusal_message(name, unsafe), tuple(unsafe))
+    if scan.refused is not None:
+        raise UnsafeCheckpointError(
+            f"refused to load {name}: it uses {scan.refused}, which weights-only loading "
+            "refuses; nothing from the file was executed. To load a fully trusted file: "
+            "weights_only=False."
+        )
+    if not scan.complete:
+        raise CheckpointError(
+            f"cannot load checkpoint {name}: {scan.stopped or 'its pickle data is corrupt'}"
+        )
+    defer = (
+        _defer_to_torch
+        and scan.torch_opcodes_only
+        and encoding == "utf-8"
+        # only torch's list and the user's add_safe_globals, which torch's loader honours too
+        and not _unpickler.unsafe_globals(scan.globals, {})
+        and not set(scan.globals) & (set(extra) | _STRICTER_HERE)
+    )
+    if defer:
+        return _wrap_failures(name, lambda: _load_torch_weights_only(src, map_location, use_mmap))
+    return _wrap_failures(
+        name, lambda: _load_restricted(src, map_location, use_mmap, extra, encoding)
+    )
+
+
+# Globals whose REDUCE ours checks more strictly than torch (bytearray(<int>) allocates).
+_STRICTER_HERE = frozenset({"builtins.bytearray"})
+
+
+def _wrap_failures(name: str, run: Callable[[], Any]) -> Any:
+    """Run a load; every failure becomes a CheckpointError naming the file and the reason."""
+    try:
+        return run()
+    except (SafetorchError, Warning):
+        raise  # ours already, or a warning the caller turned into an error
+    except _unpickler.RefusedGlobal as exc:
+        raise UnsafeCheckpointError(_refusal_message(name, [exc.name]), (exc.name,)) from None
+    except (_unpickler.RefusedOpcode, pickle.UnpicklingError) as exc:
+        text = str(exc)
+        if isinstance(exc, _unpickler.RefusedOpcode) or "Weights only load failed" in text:
+            # torch's message wraps its unpickler's reason after "WeightsUnpickler error:".
+            reason = text.rsplit("WeightsUnpickler error:", 1)[-1].strip().splitlines()[0]
+            raise UnsafeCheckpointError(
+                f"refused to load {name}: {reason}; nothing from the file was executed. To "
+                "load a fully trusted file: weights_only=False."
+            ) from None
+        raise CheckpointError(
+            f"cannot load checkpoint {name}: {_failure_reason(exc)} ({_first_line(exc)})"
+        ) from exc
+    except Exception as exc:  # MemoryError included (an Exception subclass)
+        raise CheckpointError(
+            f"cannot load checkpoint {name}: {_failure_reason(exc)} ({_first_line(exc)})"
+        ) from exc

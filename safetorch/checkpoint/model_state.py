@@ -1,0 +1,280 @@
+"""st.load_state_dict: a checkpoint of any layout into any model, wrapped or not, with a report.
+
+torch's ``Module.load_state_dict`` is captured at import (``_module_load_state_dict``):
+monkeypatch mode later routes it here, and this module must keep calling the original.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+)
+
+import torch
+from torch import nn
+
+from safetorch import _compat
+from safetorch.checkpoint import layouts
+from safetorch.checkpoint.keys import (
+    N_AVERAGED,
+    canonical_key,
+    find_state_dict,
+    remap_state_dict,
+    state_dict_keys,
+    tensor_shape,
+)
+from safetorch.checkpoint.loading import (
+    FileLike,
+    _is_path,
+    _load,
+)
+from safetorch.checkpoint.report import LoadReport
+from safetorch.checkpoint.state import STATE_FORMAT
+from safetorch.errors import (
+    CheckpointMismatchError,
+)
+
+__all__ = ["load_state_dict", "load_for_copy"]
+
+logger = logging.getLogger("safetorch")
+_module_load_state_dict = nn.Module.load_state_dict
+_assign_supported: bool
+
+
+@_compat.register_binder
+def _bind() -> None:
+    global _assign_supported
+    _assign_supported = _compat.LOAD_STATE_DICT_HAS_ASSIGN  # torch >= 2.1
+
+
+# --- st.load_state_dict -----------------------------------------------------------------------
+def _shape_mismatch(value: Any, param: Any) -> bool:
+    v_shape, p_shape = tensor_shape(value), tensor_shape(param)
+    if v_shape is None or p_shape is None or v_shape == p_shape:
+        return False
+    if nn.parameter.is_lazy(param):
+        return False  # lazy modules take their shape from the checkpoint
+    # torch's own backward-compat rule: a 0-dim parameter accepts a 1-element 1-dim tensor.
+    return not (len(p_shape) == 0 and v_shape == (1,))
+
+
+def _split_n_averaged(
+    state_dict: Mapping[str, Any], target_keys: Iterable[str]
+) -> Tuple[Mapping[str, Any], Optional[int]]:
+    """Take AveragedModel's counter out of a checkpoint bound for a model without one."""
+    if any(canonical_key(k) == N_AVERAGED for k in target_keys):
+        return state_dict, None
+    found = [k for k in state_dict if canonical_key(k) == N_AVERAGED]
+    if len(found) != 1:
+        return state_dict, None
+    value = state_dict[found[0]]
+    rest: "collections.OrderedDict[str, Any]" = collections.OrderedDict(
+        (k, v) for k, v in state_dict.items() if k != found[0]
+    )
+    meta = getattr(state_dict, "_metadata", None)
+    if meta is not None:
+        rest._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
+    return rest, int(value.item()) if isinstance(value, torch.Tensor) else int(value)
+
+
+def load_state_dict(
+    model: nn.Module,
+    source: Union[FileLike, Mapping[str, Any]],
+    *,
+    strict: bool = True,
+    key: Optional[str] = None,
+    assign: Optional[bool] = None,
+    prefix: Optional[str] = None,
+) -> LoadReport:
+    """Load a checkpoint into a model through any wrapper, with a report of what happened.
+
+    The state dict inside a container is found automatically (``state_dict``, ``model``, ...;
+    EMA entries only with ``key=``). Wrapper segments (``module.``, ``_orig_mod.``,
+    ``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``) anywhere in the keys of either
+    side, and Lightning's leading ``model.``, are matched away; any other leading path is a
+    real module and needs ``prefix=``; see :func:`safetorch.checkpoint.remap_state_dict`.
+    Tensors are not copied before the final in-place copy into the model (none at all with
+    ``assign=True``).
+
+    Multi-file checkpoints load the same way, matched on their shapes before any tensor is
+    read, then read lazily (only matched tensors; one shard at a time): a
+    ``torch.distributed.checkpoint`` directory (through DCP itself, into plain or DTensor /
+    FSDP2 parameters), a sharded index (``model.safetensors.index.json``,
+    ``pytorch_model.bin.index.json``) or a directory written by transformers or accelerate;
+    ``report.source`` names the file or layout used.
+
+    Args:
+        model: the target, wrapped or not.
+        source: a path (file, directory or shard index), a file object, a state dict or a
+            checkpoint dict.
+        strict: raise on any missing, unexpected or shape-mismatched key, before touching the
+            model. With ``strict=False`` those are skipped and reported (shape mismatches
+            never raise, unlike torch).
+        key: the container key holding the state dict (needed for EMA weights).
+        assign: passed to ``Module.load_state_dict(assign=)`` (torch >= 2.1).
+        prefix: take the sub-module under this path out of a larger checkpoint (e.g.
+            ``"backbone."``); checkpoint keys outside it are ignored, not unexpected.
+
+    Returns:
+        A :class:`LoadReport`.
+
+    Raises:
+        CheckpointMismatchError: ``strict=True`` and the keys or shapes differ (``.report``).
+        CheckpointError: no or several state dicts in the container, ambiguous key mapping,
+            or a file problem (see :func:`load`).
+
+    >>> import torch, safetorch as st
+    >>> sd = torch.nn.DataParallel(torch.nn.Linear(2, 2)).state_dict()
+    >>> report = st.load_state_dict(torch.nn.Linear(2, 2), sd)
+    >>> report.ok, report.rule
+    (True, "dropped wrapper segment(s) 'module.' from checkpoint keys")
+    """
+    if assign and not _assign_supported:
+        raise TypeError(
+            "assign=True needs torch >= 2.1 (Module.load_state_dict(assign=)); upgrade torch "
+            "or leave assign unset"
+        )
+    if not isinstance(model, nn.Module):
+        swapped = isinstance(source, nn.Module)
+        raise TypeError(
+            f"st.load_state_dict: model must be a torch.nn.Module, got {type(model).__name__}"
+            + (
+                "; the arguments look swapped: call st.load_state_dict(model, source)"
+                if swapped
+                else ""
+            )
+        )
+    if isinstance(source, nn.Module):
+        raise TypeError(
+            "st.load_state_dict: source must be a path, a file object or a state dict, got a "
+            f"{type(source).__name__} module; pass source.state_dict() to copy a module's weights"
+        )
+    # A directory, a shard index or a DCP checkpoint: match on its meta view (shapes and
+    # dtypes, no data), then read only the matched tensors (layouts.py).
+    layout = layouts.resolve(source) if _is_path(source) else None
+    picked = None if layout is None else f"{layout.description} ({layout.kind})"
+    if isinstance(layout, layouts.FileLayout):
+        source, layout = layout.path, None
+    if layout is not None:
+        logger.info("loading %s (%s)", layout.description, layout.kind)
+        obj: Any = layout.meta_view()
+    elif isinstance(source, Mapping):
+        obj = source
+    else:
+        # Storages may be memory-mapped here (zip files by path, uncompressed, torch >= 2.1):
+        # the in-place copy into the model below happens before this call returns. Not with
+        # assign=True, where the model would keep the mapped tensors.
+        obj = load_for_copy(source, may_map=not assign)
+    if isinstance(obj, Mapping) and obj.get("__safetorch__") == STATE_FORMAT:
+        obj = obj["objects"]  # a st.save_state file: the models' state dicts are in there
+    state_dict, source_key = find_state_dict(obj, key)
+    target = model.state_dict(keep_vars=True)
+    state_dict, n_averaged = _split_n_averaged(state_dict, target.keys())
+    # Plain weights into an AveragedModel: its counter keeps its value rather than being missing.
+    source_has_counter = any(canonical_key(k) == N_AVERAGED for k in state_dict)
+    target_keys = [k for k in target if source_has_counter or canonical_key(k) != N_AVERAGED]
+    # A mapping (not only the keys) gives the matcher shapes to settle colliding keys with.
+    remapped, match = remap_state_dict(
+        state_dict, {k: target[k] for k in target_keys}, prefix=prefix
+    )
+
+    mismatched = []
+    to_load: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+    source_of = {t: s for s, t in match.mapping.items()}
+    for tgt_key in target_keys:  # model order, so the report reads like the model
+        if tgt_key not in source_of:
+            continue
+        value = state_dict[source_of[tgt_key]]
+        if _shape_mismatch(value, target[tgt_key]):
+            mismatched.append((tgt_key, tensor_shape(value), tensor_shape(target[tgt_key])))
+        else:
+            to_load[tgt_key] = value
+    meta = getattr(remapped, "_metadata", None)
+    if meta is not None:
+        to_load._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
+    report = LoadReport(
+        loaded=list(to_load),
+        missing=list(match.unmatched_target),
+        unexpected=list(match.unmatched_source),
+        mismatched=mismatched,  # type: ignore[arg-type]  # LoadReport declares the list type; the shape tuples are its documented form
+        rule=match.rule,
+        source_key=source_key,
+        n_averaged=n_averaged,
+        strict=strict,
+        hint=match.hint,
+        other_state_dicts=[k for k in state_dict_keys(obj) if k != source_key],
+        source=picked,
+    )
+    if strict and not report.ok:
+        report.refused = True
+        raise CheckpointMismatchError(
+            f"checkpoint does not match {type(model).__name__} (nothing was loaded; pass "
+            f"strict=False to load the matching keys):\n{report}",
+            report,
+        )
+    kwargs = {} if assign is None else {"assign": assign}
+    if layout is not None:
+        _load_from_layout(model, layout, to_load, source_of, source_key, report, kwargs)
+        logger.debug("%s", report)
+        return report
+    result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
+    # torch is the final word: a load hook may have consumed or rejected keys.
+    kept = set(target) - set(target_keys)  # AveragedModel's counter, kept on purpose
+    skipped = {k for k, _, _ in mismatched}
+    torch_missing = set(result.missing_keys) - set(report.missing) - kept - skipped
+    if torch_missing:
+        report.missing.extend(k for k in result.missing_keys if k in torch_missing)
+        report.loaded = [k for k in report.loaded if k not in torch_missing]
+    report.unexpected.extend(k for k in result.unexpected_keys if k not in report.unexpected)
+    if strict and not report.ok:
+        raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
+    logger.debug("%s", report)
+    return report
+
+
+def _load_from_layout(
+    model: nn.Module,
+    layout: Any,
+    to_load: Mapping[str, Any],
+    source_of: Mapping[str, str],
+    source_key: Optional[str],
+    report: LoadReport,
+    kwargs: Dict[str, Any],
+) -> None:
+    """Read the matched tensors of a multi-file layout into the model, batch by batch."""
+    prefix = f"{source_key}." if source_key else ""
+    pairs = [(tgt, prefix + source_of[tgt]) for tgt in to_load]
+    unexpected: List[str] = []
+
+    def apply(batch: Dict[str, Any]) -> None:
+        result = _module_load_state_dict(model, batch, strict=False, **kwargs)
+        unexpected.extend(k for k in result.unexpected_keys if k not in unexpected)
+
+    layout.load_into(model, pairs, apply)
+    report.unexpected.extend(k for k in unexpected if k not in report.unexpected)
+    if report.strict and not report.ok:
+        raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
+
+
+def load_for_copy(source: Any, may_map: bool = True) -> Any:
+    """Weights-only load whose tensors the caller copies before it returns, so the file may be
+    memory-mapped (``may_map``); used by ``load_state_dict`` and for ``.bin`` shards."""
+    return _load(
+        source,
+        "cpu",
+        None,
+        weights_only=True,
+        mmap=None,
+        allow=(),
+        encoding="utf-8",
+        mmap_for_copy=may_map,
+    )

@@ -1,0 +1,385 @@
+"""Saving: st.save_checkpoint (atomic, rank 0 only) and CheckpointSaver (best/last/top-k).
+
+torch's ``torch.save`` is captured at import (``_torch_save``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+)
+
+import torch
+from torch import nn
+
+from safetorch import _dist
+from safetorch._atomic import atomic_write
+from safetorch.checkpoint.keys import (
+    strip_wrapper_prefixes,
+    unwrap_model,
+)
+from safetorch.checkpoint.loading import PathLike, _first_line, _torch_internals_quiet
+from safetorch.errors import (
+    CheckpointError,
+)
+
+__all__ = ["save_checkpoint", "CheckpointSaver", "on_rank0"]
+
+logger = logging.getLogger("safetorch")
+_torch_save = torch.save
+
+# --- saving -----------------------------------------------------------------------------------
+# atomic_write (safetorch/_atomic.py): temp file in the same directory, fsync, os.replace,
+# fsync the directory -- the one writer shared with `safetorch check --fix`.
+
+
+def on_rank0(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0 only; every rank returns its result once it has finished.
+
+    Without an initialized process group, just calls ``fn``. The result (or the failure) is
+    broadcast, so no rank waits forever when rank 0 fails.
+    """
+    if not _dist.initialized():
+        return fn()
+    dist = torch.distributed
+    box: list = [None, None]
+    error: Optional[BaseException] = None
+    if dist.get_rank() == 0:
+        try:
+            box[0] = fn()
+        except BaseException as exc:  # broadcast first, then re-raise
+            error = exc
+            box[1] = _first_line(exc)
+    # Through the process group's store, not broadcast_object_list: a gloo collective's work
+    # objects can deadlock the process at teardown (safetorch/_dist.py). Plain data only.
+    box = _dist.broadcast_from_rank0(box)
+    if error is not None:
+        raise error
+    if box[1] is not None:
+        raise CheckpointError(f"rank 0 failed to save the checkpoint: {box[1]}")
+    return box[0]
+
+
+def _unwrapped(obj: Any) -> Any:
+    if isinstance(obj, nn.Module):
+        return strip_wrapper_prefixes(unwrap_model(obj).state_dict())
+    if isinstance(obj, Mapping):
+        from safetorch.checkpoint.keys import is_state_dict
+
+        if is_state_dict(obj):
+            return strip_wrapper_prefixes(obj)
+        return (
+            type(obj)((k, _unwrapped(v)) for k, v in obj.items())
+            if isinstance(obj, dict)
+            else {k: _unwrapped(v) for k, v in obj.items()}
+        )
+    return obj
+
+
+def save_checkpoint(obj: Any, path: PathLike, *, unwrap: bool = False) -> str:
+    """Save with ``torch.save`` atomically; under torch.distributed only rank 0 writes.
+
+    Args:
+        obj: what to save (a state dict, a checkpoint dict, ...).
+        path: destination file; its directory must exist.
+        unwrap: save modules as the state dict of the innermost user module, and strip wrapper
+            segments (``module.``, ``_orig_mod.``, ...) from every state dict in ``obj``.
+
+    Returns:
+        The absolute path written.
+
+    Raises:
+        OSError: the file cannot be written (the previous file, if any, is left intact).
+        CheckpointError: on ranks other than 0, when rank 0 failed to write.
+
+    >>> import os, tempfile, torch, safetorch as st
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.pt")
+    >>> _ = st.save_checkpoint(torch.nn.DataParallel(torch.nn.Linear(2, 2)), path, unwrap=True)
+    >>> sorted(st.load(path))
+    ['bias', 'weight']
+    """
+
+    return on_rank0(lambda: _save_local(obj, path, unwrap))
+
+
+def _save_local(obj: Any, path: PathLike, unwrap: bool) -> str:
+    payload = _unwrapped(obj) if unwrap else obj
+
+    def write(tmp: str) -> None:
+        with _torch_internals_quiet():
+            _torch_save(payload, tmp)
+
+    return atomic_write(path, write)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Atomically make ``dst`` a copy of ``src`` (a hard link when the filesystem allows)."""
+
+    def write(tmp: str) -> None:
+        os.unlink(tmp)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(src, tmp)
+
+    atomic_write(dst, write)
+
+
+class CheckpointSaver:
+    """Keep ``last.pt`` and ``best.pt`` (``save``), or resumable top-k/history states
+    (``save_state``/``resume``), each written atomically.
+
+    ``save(state, epoch=, metric=)`` writes ``last.pt`` every time and ``best.pt`` when the
+    metric improves. ``save_state(epoch=, metric=, **objects)`` writes a full
+    :func:`safetorch.save_state` checkpoint (``state-<epoch>.pt``, or a DCP directory for a
+    sharded model under a process group), keeps the ``top_k`` best by metric, the
+    ``max_history`` most recent and the last one, and deletes the rest; ``resume(**objects)``
+    restores the latest complete one. ``checkpoints.json`` records epoch, metric and file of
+    each and is read back on construction, so a resumed run keeps comparing against the best
+    metric so far. Every file is complete at every instant (temp file + rename), so a kill at
+    any point leaves the previous checkpoints loadable.
+
+    Args:
+        directory: where the files live (created if missing).
+        mode: ``"min"`` (lower metric is better, e.g. loss) or ``"max"`` (e.g. accuracy).
+        unwrap: passed to :func:`save_checkpoint` by ``save``.
+        top_k: how many best ``save_state`` checkpoints to keep (by metric).
+        max_history: how many most recent ``save_state`` checkpoints to keep besides them.
+        last_name, best_name, index_name: file names inside ``directory``.
+
+    Raises:
+        ValueError: ``mode`` is neither ``"min"`` nor ``"max"``, or ``top_k``/``max_history``
+            is negative.
+
+    >>> import tempfile, torch, safetorch as st
+    >>> saver = st.CheckpointSaver(tempfile.mkdtemp(), mode="max")
+    >>> net = torch.nn.Linear(2, 2)
+    >>> saver.save({"model": net.state_dict()}, epoch=0, metric=0.5)
+    True
+    >>> saver.save({"model": net.state_dict()}, epoch=1, metric=0.4)
+    False
+    >>> saver.best_epoch, saver.best_metric
+    (0, 0.5)
+    >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    >>> saver.save_state(epoch=1, metric=0.6, model=net, optimizer=opt)
+    True
+    >>> saver.resume(model=net, optimizer=opt)
+    {'epoch': 1, 'metric': 0.6}
+    """
+
+    def __init__(
+        self,
+        directory: PathLike,
+        *,
+        mode: str = "min",
+        unwrap: bool = False,
+        top_k: int = 1,
+        max_history: int = 1,
+        last_name: str = "last.pt",
+        best_name: str = "best.pt",
+        index_name: str = "checkpoints.json",
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode={mode!r}; expected 'min' (e.g. loss) or 'max' (e.g. accuracy)")
+        for label, value in (("top_k", top_k), ("max_history", max_history)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{label}={value!r}; expected an int >= 0")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.mode = mode
+        self.unwrap = unwrap
+        self.top_k = top_k
+        self.max_history = max_history
+        self.last_path = os.path.join(self.directory, last_name)
+        self.best_path = os.path.join(self.directory, best_name)
+        self.index_path = os.path.join(self.directory, index_name)
+        # Under torch.distributed rank 0 reads and broadcasts: construct on every rank.
+        self.index: Dict[str, Any] = on_rank0(self._read_index)
+
+    def _read_index(self) -> Dict[str, Any]:
+        os.makedirs(self.directory, exist_ok=True)
+        try:
+            with open(self.index_path, encoding="utf-8") as fh:
+                index = json.load(fh)
+        except FileNotFoundError:
+            return {"mode": self.mode, "last": None, "best": None}
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(
+                f"cannot read the checkpoint index {self.index_path!r}: {exc}; delete it to "
+                "start a fresh index"
+            ) from None
+        if index.get("mode") != self.mode:
+            raise ValueError(
+                f"{self.index_path!r} was written with mode={index.get('mode')!r}, "
+                f"not mode={self.mode!r}"
+            )
+        return index
+
+    def _write_index(self, index: Dict[str, Any]) -> None:
+        text = json.dumps(index, indent=2, sort_keys=True)
+
+        def write_index(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+
+        atomic_write(self.index_path, write_index)
+
+    @property
+    def best_metric(self) -> Optional[float]:
+        """The best metric saved so far (``None`` before the first save)."""
+        return self.index["best"]["metric"] if self.index.get("best") else None
+
+    @property
+    def best_epoch(self) -> Optional[int]:
+        """The epoch of the best checkpoint (``None`` before the first save)."""
+        return self.index["best"]["epoch"] if self.index.get("best") else None
+
+    @property
+    def last_epoch(self) -> Optional[int]:
+        """The epoch of the last checkpoint; resume from ``last_epoch + 1``."""
+        return self.index["last"]["epoch"] if self.index.get("last") else None
+
+    @property
+    def kept(self) -> List[str]:
+        """Paths of the ``save_state`` checkpoints kept now, oldest first."""
+        return [os.path.join(self.directory, e["file"]) for e in self.index.get("states", [])]
+
+    def is_better(self, metric: float) -> bool:
+        """Whether ``metric`` improves on the best so far (NaN never does)."""
+        if math.isnan(metric):
+            return False
+        best = self.best_metric
+        if best is None:
+            return True
+        return metric < best if self.mode == "min" else metric > best
+
+    @staticmethod
+    def _value(metric: Any) -> Optional[float]:
+        if metric is None:
+            return None
+        return float(metric.item() if isinstance(metric, torch.Tensor) else metric)
+
+    def save(self, state: Any, *, epoch: int, metric: Any) -> bool:
+        """Write ``last.pt``, and ``best.pt`` if ``metric`` improved; update the index.
+
+        Args:
+            state: what to save (e.g. ``{"model": ..., "optimizer": ..., "epoch": ...}``).
+            epoch: the epoch number recorded in the index.
+            metric: a number or a 0-dim tensor (``.item()`` is called here).
+
+        Returns:
+            True when ``best.pt`` was rewritten.
+        """
+        value = self._value(metric)
+        assert value is not None
+        entry = {"epoch": int(epoch), "metric": value}
+
+        def write() -> Tuple[Dict[str, Any], bool]:
+            improved = self.is_better(value)
+            _save_local(state, self.last_path, self.unwrap)
+            index = dict(self.index)
+            index["last"] = dict(entry, file=os.path.basename(self.last_path))
+            if improved:
+                _link_or_copy(self.last_path, self.best_path)
+                index["best"] = dict(entry, file=os.path.basename(self.best_path))
+            self._write_index(index)
+            return index, improved
+
+        # Rank 0 decides and writes; every rank gets its index and verdict.
+        self.index, improved = on_rank0(write)
+        return bool(improved)
+
+    def save_state(self, *, epoch: int, metric: Any = None, **objects: Any) -> bool:
+        """Save a full resumable state (:func:`safetorch.save_state`) for ``epoch``.
+
+        Call it on every rank. Keeps the ``top_k`` best by ``metric``, the ``max_history``
+        most recent and the newest; older ones are deleted after the new one is complete.
+
+        Args:
+            epoch: the epoch number (the file is ``state-<epoch>.pt``).
+            metric: a number or 0-dim tensor; ``None`` when there is none (never "best").
+            **objects: what :func:`safetorch.save_state` takes (models, optimizers, values).
+
+        Returns:
+            True when this checkpoint is the best so far.
+        """
+        from safetorch.checkpoint.state import save_state
+
+        value = self._value(metric)
+        name = f"state-{int(epoch):06d}.pt"
+        save_state(os.path.join(self.directory, name), **objects, epoch=int(epoch), metric=value)
+        entry = {"epoch": int(epoch), "metric": value, "file": name}
+
+        def update() -> Tuple[Dict[str, Any], bool]:
+            improved = value is not None and self.is_better(value)
+            index = dict(self.index)
+            states = [e for e in index.get("states", []) if e["file"] != name] + [entry]
+            index["last"] = entry
+            if improved:
+                index["best"] = entry
+            keep = {name}
+            scored = [e for e in states if e["metric"] is not None and not math.isnan(e["metric"])]
+            scored.sort(key=lambda e: e["metric"], reverse=self.mode == "max")
+            keep.update(e["file"] for e in scored[: self.top_k])
+            by_epoch = sorted(states, key=lambda e: e["epoch"])
+            keep.update(e["file"] for e in by_epoch[len(by_epoch) - self.max_history :])
+            if index.get("best"):
+                keep.add(index["best"]["file"])
+            index["states"] = [e for e in by_epoch if e["file"] in keep]
+            self._write_index(index)  # the index first: it never names a deleted file
+            for e in by_epoch:
+                if e["file"] not in keep:
+                    _remove(os.path.join(self.directory, e["file"]))
+            return index, improved
+
+        self.index, improved = on_rank0(update)
+        return bool(improved)
+
+    def resume(self, **objects: Any) -> Optional[Dict[str, Any]]:
+        """Restore the latest complete ``save_state`` checkpoint into ``objects``.
+
+        The directory is scanned (not only the index), so a checkpoint written just before a
+        crash that left the index behind is found too.
+
+        Returns:
+            The values it holds (``epoch``, ``metric`` and any saved values), or ``None`` when
+            the directory holds no ``save_state`` checkpoint (a fresh start).
+        """
+        from safetorch.checkpoint.state import latest_complete, load_state
+
+        def find() -> Optional[str]:
+            names = sorted(
+                (n for n in os.listdir(self.directory) if _STATE_FILE.fullmatch(n)), reverse=True
+            )
+            return latest_complete(self.directory, names)
+
+        path = on_rank0(find)
+        if path is None:
+            return None
+        return load_state(path, **objects)
+
+
+_STATE_FILE = re.compile(r"state-\d+\.pt")
+
+
+def _remove(path: str) -> None:
+    import shutil
+
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
