@@ -129,3 +129,20 @@ def test_readme_table_is_generated_from_the_table():
 def test_table_module_is_standard_library_only():
     code = "import sys, safetorch._pitfalls; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_docs_tables_name_pitfalls_by_id():
+    """docs/check.md's rule table and docs/patching.md's patch table carry each row's
+    pitfall id, the same as the rule's pitfall_id and the patch's pitfalls."""
+    check = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
+    seen = set()
+    for code, last in re.findall(r"^\| (ST\d{3}) \|.*\| ([^|]+) \|$", check, flags=re.M):
+        expected = "-" if code == "ST000" else f"`{rules.RULE_TABLE[code].pitfall_id}`"
+        assert last.strip() == expected, code
+        seen.add(code)
+    assert seen == set(rules.RULE_TABLE)
+    patching = (ROOT / "docs" / "patching.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \|.*\| ([^|]+) \|$", patching, flags=re.M))
+    for patch in registry.declared():
+        if patch.name in rows:
+            assert rows[patch.name].strip() == ", ".join(f"`{p}`" for p in patch.pitfalls)
