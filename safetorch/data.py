@@ -47,6 +47,7 @@ import torch.utils.data
 
 from safetorch import _device
 from safetorch import device as _device_move
+from safetorch._nest import DESCEND, map_tensors
 from safetorch._stack import user_stacklevel
 from safetorch.errors import DataWarning
 from safetorch.findings import Finding
@@ -71,9 +72,11 @@ def pin(obj: _T, device: Optional[Union[str, torch.device]] = None) -> _T:
     """Pin every tensor in a nested structure; a no-op without an accelerator.
 
     Recurses like ``DataLoader(pin_memory=True)`` does (tensors, mappings, sequences,
-    namedtuples, objects with a ``pin_memory()`` method) and also through dataclasses, which
-    torch passes through unpinned. Containers are rebuilt (same type where possible); the
-    leaves that are not tensors are returned as they are.
+    namedtuples, objects with a ``pin_memory()`` method, asked first) and also through
+    dataclasses, which torch passes through unpinned. Containers are rebuilt (same type where
+    possible; a tuple stays a tuple where torch makes it a list); the leaves that are not
+    tensors are returned as they are. The rules are ``safetorch._nest``'s, shared with
+    :func:`safetorch.to_device` and :func:`safetorch.safe_copy`.
 
     Args:
         obj: A tensor, or any nesting of dicts, lists, tuples, namedtuples, dataclasses and
@@ -99,54 +102,14 @@ def pin(obj: _T, device: Optional[Union[str, torch.device]] = None) -> _T:
 
 
 def _pin_nested(obj: Any) -> Any:
-    """Pin recursively; the caller has checked that an accelerator is present."""
-    if isinstance(obj, _Tensor):
-        return _tensor_pin_memory(obj)
-    if isinstance(obj, (str, bytes)) or isinstance(obj, type):
-        return obj
-    if callable(getattr(obj, "pin_memory", None)):
-        return obj.pin_memory()
-    if dataclasses.is_dataclass(obj):
-        return _replace_dataclass(obj, _pin_nested)
-    if isinstance(obj, collections.abc.Mapping):
-        return _map_mapping(obj, _pin_nested)
-    if isinstance(obj, tuple):
-        if hasattr(obj, "_fields"):  # namedtuple: positional constructor
-            return type(obj)(*(_pin_nested(item) for item in obj))
-        return type(obj)(_pin_nested(item) for item in obj)
-    if isinstance(obj, collections.abc.Sequence):
-        return _map_sequence(obj, _pin_nested)
-    return obj
+    """Pin recursively (safetorch._nest's rules); the caller has checked for an accelerator."""
+    return map_tensors(_tensor_pin_memory, obj, own=_pin_itself)
 
 
-def _replace_dataclass(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    init = {f.name: fn(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
-    return dataclasses.replace(obj, **init)
-
-
-def _map_mapping(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    # As torch does: a mutable mapping may carry extra state (OrderedDict, BatchEncoding),
-    # so clone and update it rather than calling type(obj)(...).
-    try:
-        if isinstance(obj, collections.abc.MutableMapping):
-            clone = copy.copy(obj)
-            clone.update({k: fn(v) for k, v in obj.items()})
-            return clone
-        return type(obj)({k: fn(v) for k, v in obj.items()})
-    except TypeError:
-        return {k: fn(v) for k, v in obj.items()}
-
-
-def _map_sequence(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    try:
-        if isinstance(obj, collections.abc.MutableSequence):
-            clone = copy.copy(obj)
-            for i, item in enumerate(obj):
-                clone[i] = fn(item)
-            return clone
-        return type(obj)([fn(item) for item in obj])
-    except TypeError:  # range, custom sequences without a list constructor
-        return [fn(item) for item in obj]
+def _pin_itself(obj: Any) -> Any:
+    # An object with a pin_memory() method (a PinnedBatch, a TensorDict) pins itself.
+    method = getattr(obj, "pin_memory", None)
+    return method() if callable(method) else DESCEND
 
 
 def _attribute_names(obj: Any) -> List[str]:

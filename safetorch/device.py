@@ -2,7 +2,7 @@
 
 Seed pitfall: "check which device the model and the data are on". ``device_of`` answers it,
 ``assert_same_device`` fails early with every object's device listed, and ``to_device`` moves
-a whole nested batch (dicts, lists, tuples, namedtuples, dataclasses, objects with ``.to``)
+a whole nested batch (mappings, sequences, namedtuples, dataclasses, objects with ``.to``)
 with ``non_blocking`` only where it is safe and useful (from pinned memory).
 """
 
@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Union
 
 import torch
 
-from safetorch._nest import map_tensors
+from safetorch._nest import DESCEND, map_tensors
 from safetorch.errors import DeviceMismatchError
 
 __all__ = ["device_of", "assert_same_device", "to_device"]
@@ -116,9 +116,10 @@ def assert_same_device(*objs: Union[torch.nn.Module, torch.Tensor]) -> Optional[
 def to_device(obj: Any, device: DeviceLike, non_blocking: Optional[bool] = None) -> Any:
     """Move every tensor in a nested structure (and objects with ``.to``) to ``device``.
 
-    Recurses through dicts, lists, tuples, namedtuples and dataclasses, rebuilding each
-    container; other objects with a callable ``.to`` (modules, batch classes) are moved with
-    it; everything else is returned unchanged.
+    Objects with a callable ``.to`` (modules, batch classes) are moved with it; the walker
+    recurses through mappings, sequences, tuples, namedtuples and dataclasses, rebuilding
+    each container (the rules of ``safetorch._nest``, shared with :func:`safetorch.pin` and
+    :func:`safetorch.safe_copy`); everything else is returned unchanged.
 
     Args:
         obj: A tensor or nested structure.
@@ -149,12 +150,13 @@ def to_device(obj: Any, device: DeviceLike, non_blocking: Optional[bool] = None)
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(target, non_blocking=non_blocking)
 
-    def other(o: Any) -> Any:
+    def move_itself(o: Any) -> Any:
+        # Modules, batch classes, TensorDicts: an object with its own .to() moves itself.
         to = getattr(o, "to", None)
-        if not callable(to) or isinstance(o, type):
-            return o
+        if not callable(to):
+            return DESCEND
         if non_blocking is None:
             return to(target)
         return to(target, non_blocking=non_blocking)
 
-    return map_tensors(move, obj, other)
+    return map_tensors(move, obj, own=move_itself)

@@ -35,6 +35,7 @@ import torch
 
 from safetorch import _compat, _device
 from safetorch._nest import map_tensors
+from safetorch._stack import user_frame
 from safetorch.errors import DeviceMismatchError, IndexOutOfBoundsError
 
 __all__ = [
@@ -75,9 +76,10 @@ def safe_copy(obj: Any) -> Any:
     ``x.detach().clone()``  new          leaves the graph
     ======================  ===========  ===================
 
-    Works on a tensor or recursively on dicts (state dicts keep their ``OrderedDict`` type and
-    ``_metadata``), lists, tuples, namedtuples and dataclasses; other values are deep-copied so
-    the snapshot shares nothing mutable with the original.
+    Works on a tensor or recursively on mappings (state dicts keep their ``OrderedDict`` type
+    and ``_metadata``), sequences, tuples, namedtuples and dataclasses (the container rules of
+    :func:`safetorch.pin` and :func:`safetorch.to_device`); other values are deep-copied so the
+    snapshot shares nothing mutable with the original.
 
     Args:
         obj: A tensor or nested structure (e.g. ``model.state_dict()``).
@@ -415,8 +417,11 @@ _deferred = _DeferredState()
 _MAX_CACHED_ENTRIES = 4096  # bounds the cache when sizes vary from call to call
 
 
-def _call_site(depth: int) -> int:
-    frame = sys._getframe(depth)
+def _call_site() -> int:
+    """Id of the user's line calling the public function (the first frame outside torch and
+    safetorch, so a monkeypatched ``Tensor.__getitem__`` or a helper calling another one in
+    between changes nothing)."""
+    frame = user_frame() or sys._getframe(1)
     key = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     site = _deferred.site_ids.get(key)  # a dict read is atomic: lock only to add a site
     if site is not None:
@@ -660,7 +665,7 @@ def _getitem_modes(
             _oob_message(int(a.tensor.reshape(-1)[0]), a.dim, 0)
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
-    site = _call_site(3) if mode == "deferred" else 0
+    site = _call_site() if mode == "deferred" else 0
     bad: Optional[torch.Tensor] = None  # fill: positions where any index is out of range
     for a in ints:
         t = a.tensor.to(x.device) if a.tensor.device != x.device else a.tensor
@@ -743,7 +748,7 @@ def _select_like(
     bad = _out_of_range(index, 0, n) if mode in ("fill", "deferred") else None
     if mode == "deferred":
         assert bad is not None
-        _record(index, bad, d, n, _call_site(3))
+        _record(index, bad, d, n, _call_site())
     if n == 0:  # fill into an empty dimension: every position is fill_value
         pad_shape = list(x.shape) if x.dim() else [1]
         pad_shape[d] = 1

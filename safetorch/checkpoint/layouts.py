@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 
 from safetorch import _compat
+from safetorch._atomic import atomic_write, atomic_write_dir, atomic_write_text
 from safetorch.checkpoint import _unpickler
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
 
@@ -499,15 +500,11 @@ def dcp_to_object(directory: str) -> Any:
 
 
 def save_dcp(obj: Mapping[str, Any], directory: str) -> None:
-    """Write ``obj`` as a DCP directory on one process (temp directory, then rename)."""
-    import shutil
-    import uuid
-
+    """Write ``obj`` as a DCP directory on one process, atomically (``_atomic``'s directory
+    writer: a temp sibling, then a rename over ``directory``, which it replaces)."""
     import torch.distributed.checkpoint as dcp
 
-    parent = os.path.dirname(os.path.abspath(directory))
-    tmp = os.path.join(parent, f".{os.path.basename(directory)}.{uuid.uuid4().hex}.tmp")
-    try:
+    def write(tmp: str) -> None:
         with _single_process_quiet():
             if hasattr(dcp, "save"):  # torch 2.2+
                 dcp.save(dict(obj), checkpoint_id=tmp)
@@ -515,10 +512,8 @@ def save_dcp(obj: Mapping[str, Any], directory: str) -> None:
                 dcp.save_state_dict(
                     dict(obj), storage_writer=dcp.FileSystemWriter(tmp), no_dist=True
                 )
-        os.replace(tmp, directory)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    atomic_write_dir(directory, write)
 
 
 def parse_size(text: str) -> int:
@@ -549,8 +544,6 @@ def save_sharded_safetensors(
     Shards are filled in key order up to ``max_shard_bytes`` (a larger tensor gets a shard of
     its own), each written atomically; the index is written last.
     """
-    from safetorch._atomic import atomic_write
-
     st_torch = _safetensors_module()
     shards: List[Dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -577,12 +570,7 @@ def save_sharded_safetensors(
             total += tensor.numel() * tensor.element_size()
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     text = json.dumps(index, indent=2, sort_keys=True)
-
-    def write_index(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-
-    atomic_write(os.path.join(directory, SAFETENSORS_INDEX), write_index)
+    atomic_write_text(os.path.join(directory, SAFETENSORS_INDEX), text)
     return {"shards": n, "tensors": len(weight_map), "total_bytes": total}
 
 

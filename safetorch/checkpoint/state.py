@@ -28,14 +28,13 @@ import io
 import itertools
 import os
 import random
-import shutil
 import sys
-import uuid
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
 
+from safetorch import _atomic
 from safetorch.checkpoint import layouts
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
 
@@ -245,27 +244,19 @@ def _save_dcp(
     state["__safetorch__"] = _as_bytes_tensor(
         {"format": STATE_FORMAT, "rng": rng, "extras": extras, "world_size": _world_size()}
     )
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"cannot write {path!r}: directory {parent!r} does not exist")
+    _atomic.require_parent(path)
     from safetorch import _dist as plain
 
-    tmp = plain.broadcast_from_rank0(
-        os.path.join(parent, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    )
+    # Every rank writes its shards into one temp directory (rank 0 names it), then rank 0
+    # swaps it in: safetorch._atomic's directory replacement, as save_dcp on one process.
+    tmp = plain.broadcast_from_rank0(_atomic.temp_sibling(path))
     if hasattr(dcp, "save"):  # torch 2.2+
         dcp.save(state, checkpoint_id=tmp)
     else:
         dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(tmp))
     _barrier()  # every rank's shards are written and DCP's .metadata is last
     if _rank() == 0:
-        old = None
-        if os.path.exists(path):
-            old = f"{tmp}.old"
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _atomic.replace_dir(tmp, path)
     _barrier()
     return path
 

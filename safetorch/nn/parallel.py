@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from itertools import chain
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.nn.parallel._functions import Scatter
@@ -82,18 +82,24 @@ def _batch_size(inputs: Tuple[Any, ...], kwargs: Dict[str, Any], dim: int) -> Op
 
 
 def _scatter(obj: Any, devices: Sequence[int], sizes: Sequence[int], dim: int) -> List[Any]:
-    """torch's scatter_map, with explicit chunk sizes."""
-    if isinstance(obj, torch.Tensor):
-        return list(_Scatter.apply(devices, sizes, dim, obj))
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return [type(obj)(*a) for a in zip(*(_scatter(o, devices, sizes, dim) for o in obj))]
-    if isinstance(obj, tuple) and obj:
-        return list(zip(*(_scatter(o, devices, sizes, dim) for o in obj)))
-    if isinstance(obj, list) and obj:
-        return [list(a) for a in zip(*(_scatter(o, devices, sizes, dim) for o in obj))]
-    if isinstance(obj, dict) and obj:
-        return [type(obj)(a) for a in zip(*(_scatter(i, devices, sizes, dim) for i in obj.items()))]
-    return [obj for _ in devices]
+    """One copy of ``obj`` per device, each tensor replaced by that device's chunk.
+
+    torch's ``scatter_map`` with explicit chunk sizes, over safetorch's one container walker
+    (``safetorch._nest``): the tensors scattered are exactly the ones ``_batch_size`` checked,
+    dataclasses and other mappings and sequences included; other values are shared.
+    """
+    chunks: Dict[int, Tuple[torch.Tensor, ...]] = {}
+
+    def chunk(i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            parts = chunks.get(id(t))
+            if parts is None:  # each tensor is scattered once (obj keeps it alive meanwhile)
+                parts = chunks[id(t)] = tuple(_Scatter.apply(devices, sizes, dim, t))
+            return parts[i]
+
+        return pick
+
+    return [map_tensors(chunk(i), obj) for i in range(len(devices))]
 
 
 class BalancedDataParallel(torch.nn.DataParallel):

@@ -12,6 +12,8 @@ import os
 import sysconfig
 from typing import List, Optional
 
+from safetorch._atomic import atomic_write_text
+
 __all__: List[str] = []
 
 PTH_NAME = "safetorch-patch.pth"
@@ -28,12 +30,9 @@ def default_dir() -> str:
 
 
 def install(directory: Optional[str] = None) -> str:
-    """Write the .pth file (atomically; idempotent). Returns its path."""
+    """Write the .pth file (atomically, as every safetorch file; idempotent). Returns its path."""
     path = os.path.join(directory or default_dir(), PTH_NAME)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(PTH_LINE)
-    os.replace(tmp, path)
+    atomic_write_text(path, PTH_LINE)
     return path
 
 

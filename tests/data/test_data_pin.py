@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections import OrderedDict, namedtuple
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import safetorch as st
-from safetorch import _compat, _device, data
+from safetorch import _compat, _device
 from safetorch._nest import map_tensors
 
 Pair = namedtuple("Pair", ["a", "b"])
@@ -67,27 +67,6 @@ class Samples(Dataset):
         return torch.full((3,), float(i)), i
 
 
-class FakePin:
-    """Stand-in for Tensor.pin_memory on a machine without an accelerator: returns a clone
-    and remembers it, so a test can check that every tensor leaf went through it."""
-
-    def __init__(self) -> None:
-        self.pinned: Set[int] = set()
-
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        out = t.clone()
-        self.pinned.add(id(out))
-        return out
-
-
-@pytest.fixture
-def fake_accelerator(monkeypatch: pytest.MonkeyPatch) -> FakePin:
-    fake = FakePin()
-    monkeypatch.setattr(_device, "_accelerator_impl", lambda: True)
-    monkeypatch.setattr(data, "_tensor_pin_memory", fake)
-    return fake
-
-
 def tensors_in(obj: Any) -> List[torch.Tensor]:
     out: List[torch.Tensor] = []
     map_tensors(out.append, obj)
@@ -125,7 +104,7 @@ def test_older_torch_branch_uses_cuda_detection(simulate_torch: Any) -> None:
 
 
 # --- recursion (fake accelerator) -------------------------------------------------------
-def test_pin_recurses_through_every_container(fake_accelerator: FakePin) -> None:
+def test_pin_recurses_through_every_container(fake_accelerator: Any) -> None:
     obj = {
         "list": [torch.zeros(1), (torch.zeros(2), "s")],
         "pair": Pair(torch.zeros(3), 7),
@@ -147,21 +126,21 @@ def test_pin_recurses_through_every_container(fake_accelerator: FakePin) -> None
     assert out["batch"] is obj["batch"]
 
 
-def test_pin_calls_custom_pin_memory_methods(fake_accelerator: FakePin) -> None:
+def test_pin_calls_custom_pin_memory_methods(fake_accelerator: Any) -> None:
     h = HasPin(torch.zeros(1))
     out = st.pin([h, {"h": h}])
     assert out[0] is h and out[1]["h"] is h and h.calls == 2
 
 
 @pytest.mark.parametrize("cls", [Batch, PlainBatch])
-def test_pinned_batch_pins_every_field_in_place(cls: Any, fake_accelerator: FakePin) -> None:
+def test_pinned_batch_pins_every_field_in_place(cls: Any, fake_accelerator: Any) -> None:
     b = cls(torch.zeros(2), [torch.zeros(1), {"k": Inner(torch.zeros(1))}])
     assert b.pin_memory() is b
     leaves = tensors_in([b.x, b.y])
     assert len(leaves) == 3 and all(id(t) in fake_accelerator.pinned for t in leaves)
 
 
-def test_frozen_and_slotted_batches_pin(fake_accelerator: FakePin) -> None:
+def test_frozen_and_slotted_batches_pin(fake_accelerator: Any) -> None:
     f = FrozenBatch(torch.zeros(1), {"m": torch.zeros(1)})
     assert f.pin_memory() is f
     assert id(f.x) in fake_accelerator.pinned and id(f.extra["m"]) in fake_accelerator.pinned
@@ -170,7 +149,7 @@ def test_frozen_and_slotted_batches_pin(fake_accelerator: FakePin) -> None:
     assert id(s.x) in fake_accelerator.pinned
 
 
-def test_pin_matches_torch_on_torch_supported_structures(fake_accelerator: FakePin) -> None:
+def test_pin_matches_torch_on_torch_supported_structures(fake_accelerator: Any) -> None:
     # Same structure and values as torch's own pin_memory for what torch handles.
     from torch.utils.data._utils.pin_memory import pin_memory as torch_pin
 
