@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from safetorch import _compat, _device
+from safetorch import _device
 from safetorch._nest import map_tensors
 from safetorch._stack import user_frame
 from safetorch.errors import DeviceMismatchError, IndexOutOfBoundsError
@@ -304,23 +304,9 @@ def _device_mismatch(op: str, x: torch.Tensor, idx: torch.Tensor) -> None:
 
 
 # --- bounds checks -------------------------------------------------------------------------
-def _minmax_aminmax(t: torch.Tensor) -> "Tuple[torch.Tensor, torch.Tensor]":
-    lo, hi = torch.aminmax(t)
+def _minmax(t: torch.Tensor) -> "Tuple[torch.Tensor, torch.Tensor]":
+    lo, hi = torch.aminmax(t)  # one pass (torch >= 1.10, below the supported floor)
     return lo, hi
-
-
-def _minmax_separate(t: torch.Tensor) -> "Tuple[torch.Tensor, torch.Tensor]":
-    # torch < 1.10 has no aminmax: two reductions instead of one pass.
-    return t.min(), t.max()
-
-
-_minmax = _minmax_aminmax
-
-
-@_compat.register_binder
-def _bind() -> None:
-    global _minmax
-    _minmax = _minmax_aminmax if _compat.HAS_AMINMAX else _minmax_separate
 
 
 def _first_bad(t: torch.Tensor, lo: int, n: int) -> int:

@@ -81,11 +81,10 @@ def _all_gather(value: Any) -> List[Any]:
     dist = _dist()
     if dist is None:
         return [value]
-    from torch.distributed import distributed_c10d
-
+    from safetorch import _compat
     from safetorch import _dist as plain
 
-    store = distributed_c10d._get_default_store()
+    store = _compat.default_store()
     key = f"safetorch/gather/{next(_gathers)}/{{}}"
     store.set(key.format(dist.get_rank()), plain._dumps(value))  # type: ignore[arg-type]  # bytes: Store.set takes them (its stub says str)
     return [plain._loads(store.get(key.format(r))) for r in range(dist.get_world_size())]
@@ -198,7 +197,7 @@ def save_state(path: Any, /, **objects: Any) -> str:
     rng = {str(r): s for r, s in enumerate(_all_gather(capture_rng()))}
     if _dist() is not None and any(_is_sharded(m) for m in models.values()):
         return _save_dcp(os.path.abspath(os.fspath(path)), objects, models, rng)
-    from safetorch.checkpoint.io import _unwrapped, save_checkpoint
+    from safetorch.checkpoint.saving import _unwrapped, save_checkpoint
 
     states: Dict[str, Any] = {}
     extras: Dict[str, Any] = {}

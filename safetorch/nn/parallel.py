@@ -19,8 +19,8 @@ from itertools import chain
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch.nn.parallel._functions import Scatter
 
+from safetorch._compat import Scatter
 from safetorch._nest import map_tensors
 from safetorch._stack import user_stacklevel
 from safetorch.errors import DistributedWarning

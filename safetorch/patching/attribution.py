@@ -7,7 +7,8 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, List, Tuple
 
-from safetorch.patching.report import _SKIP_ALWAYS, _torch_dir
+from safetorch._stack import TORCH_DIR, first_frame_outside
+from safetorch.patching.report import SKIP_ALWAYS
 from safetorch.patching.routing import WrapperFn
 
 __all__: List[str] = []  # private: reached through safetorch.patching.registry
@@ -17,11 +18,7 @@ _WARNING_REGISTRIES: Dict[str, Dict[Any, Any]] = {}
 
 
 def _user_frame() -> Any:
-    library = _SKIP_ALWAYS + _torch_dir()
-    frame: Any = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(library):
-        frame = frame.f_back
-    return frame
+    return first_frame_outside(sys._getframe(2), (*SKIP_ALWAYS, TORCH_DIR))[0]
 
 
 def _reemit(caught: List[warnings.WarningMessage]) -> None:
@@ -29,7 +26,7 @@ def _reemit(caught: List[warnings.WarningMessage]) -> None:
     replaced by the caller's line in user code (whose filters and registry then apply)."""
     user = None
     for w in caught:
-        if not w.filename.startswith(_SKIP_ALWAYS):  # torch attributed it itself: keep that
+        if not w.filename.startswith(SKIP_ALWAYS):  # torch attributed it itself: keep that
             warnings.warn_explicit(
                 w.message,
                 w.category,

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import wrapt
 
 from safetorch import _compat
+from safetorch._stack import SAFETORCH_DIR, TORCH_DIR, first_frame_outside
 
 __all__: List[str] = []  # private: reached through safetorch.patching.registry
 
@@ -27,17 +28,15 @@ def _dir_of(module: Any) -> str:
     return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
 
 
-_SAFETORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_SKIP_ALWAYS = (_SAFETORCH_DIR, _dir_of(wrapt))
-_LIBRARY: Tuple[str, ...] = (
+# Frames that are never the user's: safetorch and wrapt (the wrapper layer); torch and the
+# standard library are skipped too when looking for the user's line.
+SKIP_ALWAYS = (SAFETORCH_DIR, _dir_of(wrapt))
+_NOT_USER: Tuple[str, ...] = (
+    *SKIP_ALWAYS,
+    TORCH_DIR,
     os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
     "<frozen ",
 )
-
-
-def _torch_dir() -> Tuple[str, ...]:
-    torch = sys.modules.get("torch")
-    return (_dir_of(torch),) if torch is not None and getattr(torch, "__file__", None) else ()
 
 
 def call_site(depth: int = 2) -> str:
@@ -46,18 +45,11 @@ def call_site(depth: int = 2) -> str:
     Falls back to the innermost frame outside safetorch and wrapt (a DataLoader pin thread
     has no user frame at all).
     """
-    library = _LIBRARY + _torch_dir()
-    frame: Any = sys._getframe(depth)
-    fallback = None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP_ALWAYS):
-            here = f"{filename}:{frame.f_lineno}"
-            if not filename.startswith(library):
-                return here
-            fallback = fallback or here
-        frame = frame.f_back
-    return fallback or "<unknown>"
+    start = sys._getframe(depth)
+    user, _ = first_frame_outside(start, _NOT_USER)
+    if user is None:
+        user, _ = first_frame_outside(start, SKIP_ALWAYS)
+    return "<unknown>" if user is None else f"{user.f_code.co_filename}:{user.f_lineno}"
 
 
 class _Stat:

@@ -294,15 +294,6 @@ def test_autograd_flows_like_torch(mode: str, index_check_always: None) -> None:
     assert torch.equal(ours, x.grad)
 
 
-def test_without_aminmax_branch(simulate_torch: Any, index_check_always: None) -> None:
-    with simulate_torch(HAS_AMINMAX=False):
-        assert st_tensor._minmax is st_tensor._minmax_separate
-        assert torch.equal(st.checked_index(torch.arange(4), torch.tensor([3])), torch.tensor([3]))
-        with pytest.raises(IndexError, match="index 4"):
-            st.checked_index(torch.arange(4), torch.tensor([4]))
-    assert st_tensor._minmax is st_tensor._minmax_aminmax
-
-
 def test_list_and_numpy_int_indices(index_check_always: None) -> None:
     import numpy as np
 
