@@ -250,16 +250,20 @@ def by_id(pitfall_id: str) -> Pitfall:
     raise KeyError(f"no pitfall {pitfall_id!r}; ids: {[r.id for r in PITFALLS]}")
 
 
+def _listing(face: str, value: str) -> Pitfall:
+    for row in PITFALLS:
+        if value in getattr(row, face):
+            return row
+    raise KeyError(f"no pitfall lists {face[:-1]} {value!r}")
+
+
 def for_rule(code: str) -> Pitfall:
     """The row a ``safetorch check`` rule code belongs to.
 
     >>> for_rule("ST008").id
     'bias-before-bn'
     """
-    for row in PITFALLS:
-        if code in row.rules:
-            return row
-    raise KeyError(f"no pitfall lists rule {code!r}")
+    return _listing("rules", code)
 
 
 def for_finding(finding_id: str) -> Pitfall:
@@ -268,10 +272,7 @@ def for_finding(finding_id: str) -> Pitfall:
     >>> for_finding("bn-momentum").id
     'bn-statistics'
     """
-    for row in PITFALLS:
-        if finding_id in row.findings:
-            return row
-    raise KeyError(f"no pitfall lists finding {finding_id!r}")
+    return _listing("findings", finding_id)
 
 
 def for_patch(name: str) -> Tuple[str, ...]:
