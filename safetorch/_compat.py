@@ -150,6 +150,16 @@ DYNAMO_HAS_TRACE_RULES: bool = _flag(
     "torch/_dynamo/trace_rules.py exists",
 )
 
+# torch.library.custom_op: a Python function registered as an operator dynamo puts into the
+# graph opaquely (it runs eagerly, with real values, every time the graph runs).
+HAS_CUSTOM_OP: bool = _flag(
+    "HAS_CUSTOM_OP",
+    hasattr(getattr(torch, "library", None), "custom_op"),
+    "2.4",
+    "torch/_library/custom_ops.py",
+    "hasattr(torch.library, 'custom_op')",
+)
+
 # --- nn ------------------------------------------------------------------------------------
 # 1.13 raises "SyncBatchNorm expected input tensor to be on GPU" for any CPU input. No attribute
 # or parameter changed, so this is a release check.
@@ -315,6 +325,20 @@ def _allow_in_graph(wrapper: Any) -> None:
 
     torch._dynamo.allow_in_graph(wrapper)
     _allowed_in_graph.append(wrapper)
+
+
+_eager_versions: Dict[Any, Any] = {}
+
+
+def run_eagerly(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, never traced: dynamo breaks the graph and runs ``fn`` with real values
+    (``torch._dynamo.disable``; only called while dynamo traces, so dynamo is imported)."""
+    eager = _eager_versions.get(fn)
+    if eager is None:
+        import torch._dynamo
+
+        eager = _eager_versions[fn] = torch._dynamo.disable(fn)
+    return eager(*args)
 
 
 #: ``register_with_dynamo(wrapper)``: make a monkeypatch wrapper of a torch function traceable.

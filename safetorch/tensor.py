@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from safetorch import _device
+from safetorch import _compat, _device
 from safetorch._nest import map_tensors
 from safetorch._stack import user_frame
 from safetorch.errors import DeviceMismatchError, IndexOutOfBoundsError
@@ -260,6 +260,11 @@ def _raise_like_cpu(op: Any, x: torch.Tensor, *args: Any) -> None:
     Raises ``IndexOutOfBoundsError`` with ``str()`` equal to CPU torch's message; returns
     (nothing to raise) when CPU torch accepts the call, e.g. because the output is empty.
     """
+    if _compat.compiling():
+        # Dynamo traces this error path (torch < 2.4, or an index check outside the custom
+        # ops): the CPU stand-in would run on FakeTensors and raise nothing. Keep the error
+        # being handled (safetorch's own message), so the bad index never reaches the kernel.
+        raise  # noqa: PLE0704 - only called from an `except IndexOutOfBoundsError` block
     err = _cpu_torch_error(op, x, *args)
     if err is not None:
         raise IndexOutOfBoundsError(str(err)) from None
@@ -608,6 +613,99 @@ def checked_index(
         raise
 
 
+# --- under torch.compile -----------------------------------------------------------------------
+# Dynamo can trace neither the host-side check (a .tolist() sync, then Python branches on the
+# values) nor the deferred record (a lock, the caller's frame); and an error path it traces
+# runs the CPU stand-in on FakeTensors, which raise nothing, so the bad index would reach the
+# kernel. While dynamo traces, the check and the record therefore run inside opaque custom ops
+# (torch >= 2.4): the op is a node of the graph and runs eagerly, with real values, every time
+# the graph runs, raising or recording exactly as eager mode does. Each op returns the index
+# the graph then uses (a copy), so it can never be dropped as dead code. With fullgraph=False
+# on torch 2.0-2.3 the check runs at a graph break instead, and its error re-raises as is.
+_SELECT_OPS: Dict[str, Any] = {"index_select": torch.index_select, "gather": torch.gather}
+_COMPILED_SITE_KEY = ("<a torch.compile graph>", 0, "(line unknown inside a compiled graph)")
+
+
+def _checked_ranges_eager(
+    tensors: List[torch.Tensor], lo: List[int], n: List[int], dims: List[int]
+) -> List[torch.Tensor]:
+    _check_ranges(list(zip(tensors, lo, n, dims)))
+    return [t.clone() for t in tensors]
+
+
+def _checked_select_eager(
+    x: torch.Tensor, dim: int, index: torch.Tensor, d: int, n: int, op: str
+) -> torch.Tensor:
+    try:
+        _check_ranges([(index, 0, n, d)])
+    except IndexOutOfBoundsError:
+        _raise_like_cpu(_SELECT_OPS[op], x, dim, index)  # CPU torch's wording
+    return index.clone()
+
+
+def _deferred_eager(t: torch.Tensor, bad: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    _record(t, bad, dim, n, _compiled_site())
+    return _zero_bad(t, bad)
+
+
+def _compiled_site() -> int:
+    with _deferred.lock:
+        site = _deferred.site_ids.get(_COMPILED_SITE_KEY)
+        if site is None:
+            site = len(_deferred.sites)
+            key = _COMPILED_SITE_KEY
+            _deferred.sites.append(f"{key[0]} {key[2]}")
+            _deferred.site_ids[key] = site
+    return site
+
+
+_checked_ranges_op: Optional[Any] = None
+_checked_select_op: Optional[Any] = None
+_deferred_op: Optional[Any] = None
+
+
+def _register_ops() -> None:
+    global _checked_ranges_op, _checked_select_op, _deferred_op
+    library = torch.library
+    ops = (
+        (
+            "checked_ranges",
+            _checked_ranges_eager,
+            "(Tensor[] tensors, int[] lo, int[] n, int[] dims) -> Tensor[]",
+        ),
+        (
+            "checked_select_index",
+            _checked_select_eager,
+            "(Tensor x, int dim, Tensor index, int d, int n, str op) -> Tensor",
+        ),
+        ("deferred_index", _deferred_eager, "(Tensor t, Tensor bad, int dim, int n) -> Tensor"),
+    )
+    made = []
+    for name, fn, schema in ops:
+        op = library.custom_op(f"safetorch::{name}", fn, mutates_args=(), schema=schema)
+        made.append(op)
+    ranges, select, deferred = made
+    ranges.register_fake(lambda tensors, lo, n, dims: [torch.empty_like(t) for t in tensors])
+    select.register_fake(lambda x, dim, index, d, n, op: torch.empty_like(index))
+    deferred.register_fake(lambda t, bad, dim, n: torch.empty_like(t))
+    _checked_ranges_op, _checked_select_op, _deferred_op = ranges, select, deferred
+
+
+if _compat.HAS_CUSTOM_OP:
+    _register_ops()
+
+
+def _traced() -> bool:
+    """Whether dynamo is tracing this call and the custom ops can stand in for the check."""
+    return _checked_ranges_op is not None and _compat.compiling()
+
+
+def _untraceable() -> bool:
+    """Whether dynamo is tracing this call on a torch without custom ops (2.0-2.3): the check
+    then runs outside the graph (a graph break; fullgraph=True refuses to compile)."""
+    return _checked_ranges_op is None and _compat.compiling()
+
+
 def _parse_like_cpu(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], List[int]]:
     """``_parse``, raising CPU torch's own error when an integer or a mask is bad."""
     try:
@@ -618,7 +716,24 @@ def _parse_like_cpu(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], Lis
 
 
 def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
-    _, advs, _ = _parse_like_cpu(x, index)
+    if _untraceable():
+        return _compat.run_eagerly(_checked_getitem_raise, x, index)
+    items, advs, _ = _parse_like_cpu(x, index)
+    if _traced():
+        ints = [a for a in advs if a.kind == "int" and a.tensor.numel()]
+        if not ints:
+            return _getitem(x, index)
+        assert _checked_ranges_op is not None
+        checked = _checked_ranges_op(
+            [a.tensor for a in ints],
+            [-a.size for a in ints],
+            [a.size for a in ints],
+            [a.dim for a in ints],
+        )
+        new_items = list(items)
+        for a, t in zip(ints, checked):
+            new_items[a.pos] = t
+        return _getitem(x, tuple(new_items))
     try:
         _check_ranges(
             [
@@ -643,6 +758,9 @@ def _getitem_modes(
     mode: str,
     fill_value: Any,
 ) -> torch.Tensor:
+    if mode == "deferred" and _untraceable():
+        args = (x, items, advs, ints, produced, mode, fill_value)
+        return _compat.run_eagerly(_getitem_modes, *args)
     new_items = list(items)
     empty_dims = [a for a in ints if a.size == 0]
     if empty_dims and mode != "fill":
@@ -651,7 +769,8 @@ def _getitem_modes(
             _oob_message(int(a.tensor.reshape(-1)[0]), a.dim, 0)
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
-    site = _call_site() if mode == "deferred" else 0
+    traced = mode == "deferred" and _traced()
+    site = _call_site() if mode == "deferred" and not traced else 0
     bad: Optional[torch.Tensor] = None  # fill: positions where any index is out of range
     for a in ints:
         t = a.tensor.to(x.device) if a.tensor.device != x.device else a.tensor
@@ -660,6 +779,10 @@ def _getitem_modes(
             continue
         # fill / deferred: one out-of-range mask serves the record, the fill and the index
         b = _out_of_range(t, -a.size, a.size)
+        if traced:
+            assert _deferred_op is not None
+            new_items[a.pos] = _deferred_op(t, b, a.dim, a.size)
+            continue
         if mode == "deferred":
             _record(t, b, a.dim, a.size, site)
         else:
@@ -720,7 +843,14 @@ def _select_like(
     d, n = norm
     if index.device != x.device:
         _device_mismatch(f"{op}()", x, index)
+    if mode == "raise" or mode == "deferred":
+        if _untraceable():
+            args = (op, torch_op, x, dim, index, mode, fill_value, extra)
+            return _compat.run_eagerly(_select_like, *args)
     if mode == "raise":
+        if _traced():
+            assert _checked_select_op is not None
+            return torch_op(x, dim, _checked_select_op(x, dim, index, d, n, op), **extra)
         try:
             _check_ranges([(index, 0, n, d)])
         except IndexOutOfBoundsError:
@@ -732,6 +862,9 @@ def _select_like(
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
     bad = _out_of_range(index, 0, n) if mode in ("fill", "deferred") else None
+    if mode == "deferred" and _traced():
+        assert _deferred_op is not None and bad is not None
+        return torch_op(x, dim, _deferred_op(index, bad, d, n), **extra)
     if mode == "deferred":
         assert bad is not None
         _record(index, bad, d, n, _call_site())

@@ -6,10 +6,10 @@ fallback to Python) and compare with eager through ``torch.testing.assert_close`
 Monkeypatch mode under compile is tested in tests/patching/test_patch_limits.py,
 ``PointwiseConv1d`` with its own tests.
 
-The expected failures are findings, each with its cause: the bounds check that runs before the
-kernel (``check="always"``, the default path on CUDA, ROCm, MPS and XPU) and ``mode="deferred"``
-do not compile with ``fullgraph=True``, and without it the check's error path is traced on
-FakeTensors and lets the out-of-range index reach the kernel.
+The bounds check that runs before the kernel (``check="always"``, the default path on CUDA,
+ROCm, MPS and XPU) and ``mode="deferred"`` run inside custom ops while dynamo traces (torch >=
+2.4), so they compile with ``fullgraph=True`` and still refuse (or record) a bad index every time
+the compiled graph runs.
 """
 
 from __future__ import annotations
@@ -159,37 +159,44 @@ CHECKED: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
-# Finding: safetorch/tensor.py _check_ranges makes its one host sync with
-# torch.stack(extrema).tolist(); under dynamo that gives unbacked SymInts, and the Python branch
-# `if values[2 * k] < lo or values[2 * k + 1] >= n` must guard on them. This is the default path
-# on CUDA, ROCm, MPS and XPU.
-@pytest.mark.xfail(
-    strict=True,
-    reason="_check_ranges branches on .tolist() values: torch._dynamo.exc.UserError "
-    "'Could not guard on data-dependent expression u0 < -4' (u0 < 0 for index_select/gather)",
+# The check that runs before the kernel (check="always": the default path on CUDA, ROCm, MPS
+# and XPU) runs inside an opaque custom op while dynamo traces (torch >= 2.4), so it compiles
+# with fullgraph=True and still raises before the kernel every time the graph runs. Without
+# fullgraph on older torch it runs at a graph break and re-raises its own error.
+needs_custom_op = pytest.mark.skipif(
+    not _compat.HAS_CUSTOM_OP, reason="torch.library.custom_op needs torch >= 2.4"
 )
+
+
+@needs_custom_op
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", list(CHECKED))
-def test_check_path_fullgraph_matches_eager(op: str) -> None:
+def test_check_path_fullgraph_matches_eager(op: str, backend: str) -> None:
     fn = CHECKED[op]
     i = torch.tensor([0, 3, 1])
-    torch.testing.assert_close(_fullgraph(fn, "eager")(X, i), fn(X, i), rtol=0, atol=0)
+    torch.testing.assert_close(_fullgraph(fn, backend)(X, i), fn(X, i), rtol=0, atol=0)
 
 
-# Finding: without fullgraph, dynamo breaks the graph inside the check and traces its error
-# path. _raise_like_cpu -> _cpu_torch_error runs the op on a CPU proxy to learn CPU torch's
-# error, but under FakeTensors a data-dependent out-of-range index cannot raise: it returns
-# None, _raise_like_cpu returns, and the caller goes on to the kernel with the bad index
-# (checked_index: _checked_getitem_raise's `return _getitem(x, index)`, every backend;
-# index_select/gather: _select_like's `return torch_op(...)` with aot_eager, whose graph drops
-# the unused proxy op; with backend eager the proxy op stays in the graph and raises torch's
-# bare IndexError/RuntimeError, outside the except). On CPU the kernel raises by itself; on
-# CUDA it is the device-side assert the check exists to prevent.
-@pytest.mark.xfail(
-    strict=True,
-    reason="the check's error path is traced on FakeTensors: _cpu_torch_error returns None "
-    "and the out-of-range index reaches the kernel (torch's IndexError/RuntimeError, not "
-    "IndexOutOfBoundsError)",
-)
+@needs_custom_op
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(CHECKED))
+def test_check_path_fullgraph_raises_before_the_kernel(op: str, backend: str) -> None:
+    fn = CHECKED[op]
+    compiled = _fullgraph(fn, backend)
+    torch.testing.assert_close(compiled(X, torch.tensor([0, 1])), fn(X, torch.tensor([0, 1])))
+    bad = torch.tensor([0, 9])
+    with pytest.raises(st.IndexOutOfBoundsError) as eager:
+        fn(X, bad)
+    with pytest.raises(st.IndexOutOfBoundsError) as traced:
+        compiled(X, bad)  # the same graph, now with an out-of-range value: still refused
+    # (torch's FX interpreter may append "While executing %op ..." to the message)
+    if op != "checked_index":  # index_select/gather: CPU torch's exact wording, as in eager
+        assert str(traced.value).startswith(str(eager.value))
+    else:  # x[i]: safetorch's own wording (the CPU stand-in needs the whole index)
+        expected = "index 9 is out of bounds for dimension 0 with size 4"
+        assert str(traced.value).startswith(expected)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", list(CHECKED))
 def test_check_path_raises_before_the_kernel_when_compiled(op: str, backend: str) -> None:
@@ -197,7 +204,7 @@ def test_check_path_raises_before_the_kernel_when_compiled(op: str, backend: str
     bad = torch.tensor([0, 9])
     with pytest.raises(st.IndexOutOfBoundsError):
         fn(X, bad)  # eager: safetorch's check raises before the kernel
-    compiled = torch.compile(fn, backend=backend)  # no fullgraph: see the test above
+    compiled = torch.compile(fn, backend=backend)  # no fullgraph
     with pytest.raises(st.IndexOutOfBoundsError):
         compiled(X, bad)
 
@@ -211,15 +218,10 @@ DEFERRED: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 _GETFRAME_WARNING = "ignore:Dynamo does not know how to trace the builtin:UserWarning"
 
 
-# Finding: mode="deferred", the zero-sync mode meant for hot loops, cannot be traced:
-# safetorch/tensor.py _call_site calls sys._getframe (skipped by dynamo), and _record then takes
-# `with _deferred.lock`, a threading.Lock.
+# mode="deferred", the zero-sync mode meant for hot loops: under dynamo the record runs in an
+# opaque custom op (torch >= 2.4); the call site inside a compiled graph is not known.
 @pytest.mark.filterwarnings(_GETFRAME_WARNING)
-@pytest.mark.xfail(
-    strict=True,
-    reason="_call_site's sys._getframe: torch._dynamo.exc.Unsupported 'Attempted to call "
-    "function marked as skipped'; then _record's threading.Lock: 'Unsupported context manager'",
-)
+@needs_custom_op
 @pytest.mark.parametrize("op", list(DEFERRED))
 def test_deferred_fullgraph_matches_eager(op: str) -> None:
     fn = DEFERRED[op]
@@ -227,8 +229,9 @@ def test_deferred_fullgraph_matches_eager(op: str) -> None:
     expected = fn(X, bad)
     clear_deferred()
     torch.testing.assert_close(_fullgraph(fn, "eager")(X, bad), expected, rtol=0, atol=0)
-    with pytest.raises(st.IndexOutOfBoundsError, match="index 9 is out of bounds"):
+    with pytest.raises(st.IndexOutOfBoundsError, match="index 9 is out of bounds") as info:
         raise_deferred()
+    assert "torch.compile graph" in str(info.value)
 
 
 @pytest.mark.filterwarnings(_GETFRAME_WARNING)
@@ -412,3 +415,30 @@ def test_inductor_fullgraph_matches_eager() -> None:
         x = torch.randn(2, 3, 4, 5)
         torch.testing.assert_close(compiled(x, rows), eager(x, rows))
     torch.testing.assert_close(module.state_dict(), eager.state_dict())
+
+
+@pytest.mark.filterwarnings(_GETFRAME_WARNING)
+@pytest.mark.parametrize("op", [*CHECKED, "deferred"])
+def test_without_custom_ops_the_check_still_raises_when_compiled(
+    op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.0-2.3 (no torch.library.custom_op): no fullgraph, but the check runs at a graph
+    break and its error path keeps safetorch's error instead of tracing the CPU stand-in."""
+    from safetorch import tensor as st_tensor
+
+    monkeypatch.setattr(st_tensor, "_checked_ranges_op", None)
+    if op == "deferred":  # the deferred record runs outside the graph too
+        fn = DEFERRED["checked_index"]
+        compiled = torch.compile(fn, backend="eager")
+        torch.testing.assert_close(compiled(X, torch.tensor([0, 9])), fn(X, torch.tensor([0, 9])))
+        with pytest.raises(st.IndexOutOfBoundsError, match="index 9 is out of bounds"):
+            raise_deferred()
+        return
+    fn = CHECKED[op]
+    with pytest.raises(Exception, match="graph break|disable|Unsupported|skip"):
+        _fullgraph(fn, "eager")(X, torch.tensor([0, 1]))  # fullgraph refuses, loudly
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager")
+    torch.testing.assert_close(compiled(X, torch.tensor([0, 1])), fn(X, torch.tensor([0, 1])))
+    with pytest.raises(st.IndexOutOfBoundsError, match="out of"):
+        compiled(X, torch.tensor([0, 9]))
