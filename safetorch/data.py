@@ -437,7 +437,7 @@ def _last_batch_size(loader: torch.utils.data.DataLoader) -> Optional[Tuple[int,
     if bs is None or loader.drop_last:  # custom batch_sampler or no auto-batching
         return None
     try:
-        n = len(loader.sampler)  # type: ignore[arg-type]
+        n = len(loader.sampler)  # type: ignore[arg-type]  # Sampler has no __len__ in its stub; TypeError below when it lacks one
     except TypeError:  # iterable-style dataset without __len__
         return None
     if n % bs == 0:
@@ -546,7 +546,7 @@ class SafeDataLoader(torch.utils.data.DataLoader):
         self.ignore = frozenset(ignore)
         self._checked = False
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # DataLoader.__iter__ is typed to return its private _BaseDataLoaderIter
         it = super().__iter__()
         if self._checked:
             return it

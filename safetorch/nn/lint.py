@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from safetorch import _dist
 from safetorch._compat import BatchNormBase as _BatchNorm
 from safetorch._compat import ConvNdBase as _ConvNd
 from safetorch._compat import DropoutNdBase as _DropoutNd
@@ -369,7 +370,7 @@ def _layer_rules(model: nn.Module, shapes: Dict[str, Tuple[int, ...]]) -> List[F
                 (t.device.type for t in (*module.parameters(False), *module.buffers(False))),
                 "cpu",
             )
-            problem = _syncbn.torch_syncbn_problem(device, _syncbn._distributed())
+            problem = _syncbn.torch_syncbn_problem(device, _dist.initialized())
             if problem is not None:
                 findings.append(
                     Finding(

@@ -101,10 +101,6 @@ def _bind_torch_syncbn() -> None:
         torch_syncbn_problem = _problem_before_2_0
 
 
-def _distributed() -> bool:
-    return _dist.initialized()
-
-
 # --- the portable synchronized batch norm ----------------------------------------------------
 def _acc_dtype(device: torch.device) -> torch.dtype:
     # float64 accumulators for the reduced statistics; MPS has no float64.
@@ -296,7 +292,7 @@ class SyncBatchNorm(_BatchNorm):
         running_mean = self.running_mean if track else None
         running_var = self.running_var if track else None
 
-        if bn_training and self.training and _distributed():
+        if bn_training and self.training and _dist.initialized():
             group = self.process_group if self.process_group else dist.group.WORLD
             if dist.get_world_size(group) > 1:
                 return _SyncBatchNormFunction.apply(
