@@ -61,9 +61,6 @@ def _load() -> Dict[str, Any]:
     _loading = True
     try:
         modules = {name: importlib.import_module(f"safetorch.{name}") for name in _SUBMODULES}
-        device_policy = importlib.import_module("safetorch._device")
-        for name in ("accelerator_available", "get_index_check", "set_index_check"):
-            namespace[name] = getattr(device_policy, name)
         namespace["Finding"] = modules["findings"].Finding
         for area in _STAR_AREAS:
             module = modules[area]

@@ -74,7 +74,7 @@ def _decisions() -> List[Dict[str, str]]:
     out = [
         {
             "decision": "index check mode",
-            "path": _device.get_index_check(),
+            "path": _device.get_mode(),
             "why": "SAFETORCH_INDEX_CHECK / st.set_index_check (default auto)",
         }
     ]

@@ -13,10 +13,18 @@ from typing import Any, List, Optional, Union
 
 import torch
 
+from safetorch import _device
 from safetorch._nest import DESCEND, map_tensors
 from safetorch.errors import DeviceMismatchError
 
-__all__ = ["device_of", "assert_same_device", "to_device"]
+__all__ = [
+    "device_of",
+    "assert_same_device",
+    "to_device",
+    "set_index_check",
+    "get_index_check",
+    "accelerator_available",
+]
 
 DeviceLike = Union[torch.device, str, int]
 
@@ -160,3 +168,48 @@ def to_device(obj: Any, device: DeviceLike, non_blocking: Optional[bool] = None)
         return to(target, non_blocking=non_blocking)
 
     return map_tensors(move, obj, own=move_itself)
+
+
+def set_index_check(mode: str) -> str:
+    """Set where safetorch checks index bounds before launching an indexing kernel.
+
+    Args:
+        mode: ``"auto"`` (check on every device whose kernels do not raise cleanly: CUDA,
+            ROCm, MPS, XPU, ...), ``"always"`` (also on CPU), or ``"never"``.
+
+    Returns:
+        The previous mode, so it can be restored.
+
+    Raises:
+        ValueError: ``mode`` is not one of the three.
+
+    >>> import safetorch as st
+    >>> previous = st.set_index_check("always")
+    >>> st.get_index_check()
+    'always'
+    >>> _ = st.set_index_check(previous)
+    """
+    return _device.set_mode(mode)
+
+
+def get_index_check() -> str:
+    """Return the current index-check mode (``"auto"``, ``"always"`` or ``"never"``).
+
+    >>> import safetorch as st
+    >>> st.get_index_check() in ("auto", "always", "never")
+    True
+    """
+    return _device.get_mode()
+
+
+def accelerator_available() -> bool:
+    """Whether an accelerator (CUDA, XPU, MPS, ...) is present, so memory can be pinned.
+
+    Dispatches by torch version: ``torch.accelerator`` where it exists (2.6+),
+    ``torch.cuda.is_available()`` otherwise.
+
+    >>> import safetorch as st
+    >>> isinstance(st.accelerator_available(), bool)
+    True
+    """
+    return _device.accelerator_available()

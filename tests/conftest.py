@@ -34,11 +34,11 @@ def simulate_torch() -> Callable[..., ContextManager[None]]:
 @pytest.fixture
 def index_check_always() -> Iterator[None]:
     """Run the device-check path (the CUDA path) on CPU tensors."""
-    previous = _device.set_index_check("always")
+    previous = _device.set_mode("always")
     try:
         yield
     finally:
-        _device.set_index_check(previous)
+        _device.set_mode(previous)
 
 
 def _cuda_available() -> bool:

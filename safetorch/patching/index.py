@@ -28,10 +28,7 @@ _tensor = importlib.import_module("safetorch.tensor")
 _NAME = "index"
 
 
-def _unchecked(device_type: str) -> bool:
-    # Same test as _device.needs_index_check(device_type), read inline: this is the hot path
-    # of every x[i] while the patch is on. _device rebinds _unchecked on set_index_check.
-    return device_type in _device._unchecked
+_index_check_needed = _device.index_check_needed  # the one device gate
 
 
 _Tensor = torch.Tensor
@@ -76,8 +73,7 @@ def _torch_getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: D
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     # The one wrapper of Tensor.__getitem__, shared by the `index` and `legacy` patches (either
     # may have installed it, see _hand_over): bounds checks run only while `index` is on.
-    # CPU first: `is_cpu` costs ~0.1 us where `device.type` costs ~0.7 us.
-    if instance.is_cpu and _device.cpu_unchecked:
+    if not _index_check_needed(instance):  # e.g. CPU: its kernels raise by themselves
         if args and type(args[0]) is not int and _may_warn(args[0]):
             # torch's C++ warning would name this frame: re-attribute it to the caller.
             return registry.call_attributing_warnings(wrapped, *args, **kwargs)
@@ -85,13 +81,7 @@ def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[st
             return wrapped(*args, **kwargs)
         except IndexError:
             return _after_index_error(instance, args, kwargs)
-    if (
-        _unchecked(instance.device.type)
-        or registry.nested(_NAME)
-        or kwargs
-        or len(args) != 1
-        or not registry.is_active(_NAME)
-    ):
+    if registry.nested(_NAME) or kwargs or len(args) != 1 or not registry.is_active(_NAME):
         return _torch_getitem(wrapped, instance, args, kwargs)
     if registry.compiling():  # a checked index syncs the host: not inside a graph
         return wrapped(*args, **kwargs)
@@ -126,11 +116,9 @@ def _bind(
 def _select_like(op: str, label: str, extra: Tuple[str, ...]) -> Any:
     def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         x = instance if instance is not None else (args[0] if args else kwargs.get("input"))
-        if getattr(x, "is_cpu", False) and _device.cpu_unchecked:
-            return wrapped(*args, **kwargs)  # CPU kernels raise by themselves
-        device = getattr(x, "device", None)
-        if device is None or _unchecked(device.type) or registry.nested(_NAME):
-            return wrapped(*args, **kwargs)
+        if not isinstance(x, _Tensor) or not _index_check_needed(x) or registry.nested(_NAME):
+            return wrapped(*args, **kwargs)  # e.g. CPU kernels raise by themselves
+        device = x.device
         if registry.compiling():
             return wrapped(*args, **kwargs)
         bound = _bind(instance, args, kwargs, extra)

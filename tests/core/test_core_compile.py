@@ -36,11 +36,11 @@ def _fresh_dynamo() -> Iterator[None]:
     """Each test compiles from scratch and leaves no cached graph, policy or deferred record."""
     torch._dynamo.reset()
     clear_deferred()
-    previous = _device.set_index_check("auto")
+    previous = _device.set_mode("auto")
     try:
         yield
     finally:
-        _device.set_index_check(previous)
+        _device.set_mode(previous)
         clear_deferred()
         torch._dynamo.reset()
 
@@ -146,7 +146,7 @@ def test_index_check_policy_change_recompiles() -> None:
     fn(X, i)
     fn(X, i)
     assert len(compiles) == 1
-    _device.set_index_check("always")
+    _device.set_mode("always")
     torch.testing.assert_close(fn(X, i), X[i] + 1)
     assert len(compiles) > 1
 
