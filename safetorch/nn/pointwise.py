@@ -1,22 +1,36 @@
 """``PointwiseConv1d``: ``nn.Conv1d(kernel_size=1)`` run as conv or linear, whichever is faster.
 
 A 1x1 convolution over ``(B, C_in, L)`` is a matrix product: ``F.linear`` on the transposed
-view ``(B, L, C_in)`` computes the same numbers. Which is faster depends on the device, dtype
-and shape (the conv kernel pays for im2col-style layouts on some backends, linear pays for
-the transposes on others), by factors that reach 2-4x on CPU. ``PointwiseConv1d`` keeps
-``nn.Conv1d``'s parameters and state_dict keys exactly and, in ``impl="auto"``, measures both
-once per (device, dtype, channels, shape bucket) and caches the choice process-wide.
+view ``(B, L, C_in)`` computes the same numbers. Which is faster depends on the device, dtype,
+shape and CPU thread count (the conv kernel pays for im2col-style layouts and thread start-up
+on some backends, linear pays for the transposes on others), by factors that reach 2-4x on
+CPU, small shapes included. ``PointwiseConv1d`` keeps ``nn.Conv1d``'s parameters and
+state_dict keys exactly and, in ``impl="auto"``, measures both once per (device, dtype,
+channels, shape bucket, threads) and caches the choice process-wide.
+
+Two paths through ``forward``:
+
+- eager: one dict lookup on the exact input signature (the per-instance memo); a miss asks the
+  process-wide cache, which measures the first time a key is seen. Every shape is measured,
+  small ones too (a few milliseconds, once): at 4x32x64 -> 64 on a 2-thread CPU linear runs
+  2.4x faster than conv, on 1 thread conv 1.3x faster than linear, so no fixed rule fits.
+- traced (``torch.compile``, ``torch.export``): nothing is timed and nothing depends on the
+  input's sizes (a size in a lookup would specialize a dynamic dimension, one recompile per
+  size); the graph gets this instance's latest eager choice for the input's device and dtype,
+  else conv, ``nn.Conv1d``'s own kernel.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
-from typing import Any, Dict, Hashable, Optional
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from safetorch import _compat
 from safetorch.timing import benchmark
 
 __all__ = ["PointwiseConv1d"]
@@ -28,19 +42,48 @@ _MEASURED_DEVICES = ("cpu", "cuda")
 # misses measure under the lock so each key is measured exactly once.
 _cache: Dict[Hashable, str] = {}
 _lock = threading.Lock()
-# Bumped by clear_autotune_cache so every instance drops its per-shape memo too.
+# Bumped by clear_autotune_cache. It is part of every per-instance memo key, so entries from
+# before a clear stop matching without visiting the instances.
 _generation = 0
 _MEMO_MAX = 64  # per-instance memo entries (variable-length inputs must not grow it forever)
 # Stop measuring once this much time is spent (the seed's 128x4096x256 -> 512 takes seconds
-# per call on CPU; one run of each then decides).
+# per call on CPU; one run of each then decides). Small shapes stay far below it.
 _BUDGET_MS = 1000.0
-_ROUNDS = 7  # one warmup round + up to six timed rounds
-# Below this many multiply-adds (~8M: tens of microseconds on a GPU, where the call is
-# launch-bound) the signature lookup costs about as much as the choice can gain: use conv
-# (one kernel, no transposes) directly.
-_TINY_MACS = 1 << 23
+# One warmup round + up to ten timed rounds: a 20 us call on a shared machine needs several
+# samples for its minimum to settle, and costs well under a millisecond in all.
+_ROUNDS = 11
+# The traced path's choice when this instance has decided nothing eagerly for the device and
+# dtype: nn.Conv1d's own kernel (one op, no transposes for the compiler to place).
+_TRACED_DEFAULT = "conv"
+
+_grad_enabled = torch.is_grad_enabled
 
 
+# --- is torch.compile / torch.export tracing this forward? ------------------------------------
+def _never_compiling() -> bool:
+    return False
+
+
+def _dynamo_is_compiling() -> bool:  # torch 2.0-2.2; never imports dynamo itself
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is not None and bool(dynamo.is_compiling())
+
+
+_compiling: Callable[[], bool] = _never_compiling
+
+
+@_compat.register_binder
+def _bind_compiling() -> None:
+    global _compiling
+    if _compat.HAS_COMPILER_IS_COMPILING:  # dynamo folds it to True while it traces
+        _compiling = torch.compiler.is_compiling
+    elif _compat.HAS_COMPILE:
+        _compiling = _dynamo_is_compiling
+    else:  # torch < 2.0: nothing traces forward
+        _compiling = _never_compiling
+
+
+# --- the two candidates and their measurement -------------------------------------------------
 def _bucket(n: int) -> int:
     """Next power of two >= n (shape bucket: 100 and 128 share a measurement)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
@@ -60,6 +103,10 @@ _RUN = {"conv": _conv, "linear": _linear}
 
 def _key(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Hashable:
     batch = x.shape[0] if x.dim() == 3 else 0
+    # On CPU the thread count moves the balance at small shapes (conv's parallel region costs
+    # more than it gains there: 4x32x64 -> 64 measured 1.8x slower than linear on 2 threads,
+    # 1.3x faster on 1).
+    threads = torch.get_num_threads() if x.device.type == "cpu" else 0
     return (
         x.device,
         x.dtype,
@@ -71,6 +118,7 @@ def _key(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) ->
         _bucket(x.shape[-1]),
         x.is_contiguous(),
         torch.is_grad_enabled() and weight.requires_grad,
+        threads,
     )
 
 
@@ -122,12 +170,20 @@ class PointwiseConv1d(torch.nn.Conv1d):
     shape ``(out_channels,)``, exactly as ``nn.Conv1d``'s (it is a subclass), so state dicts
     load both ways and ``isinstance(m, nn.Conv1d)`` holds. ``impl="auto"`` times
     ``F.conv1d`` against ``F.linear`` on the transposed view once per (device, dtype,
-    channels, power-of-two bucket of batch and length, contiguity, grad mode), caches the
-    winner process-wide (thread-safe) and uses it from then on; CPU and CUDA are measured,
-    other devices, and inputs under about 8 million multiply-adds, use conv. The linear path
-    returns a transposed view (the strides of a ``(B, L, C_out)`` tensor): call
-    ``.contiguous()`` before ``.view()`` on its output, and chain pointwise layers freely (the
-    next one reads it without a copy).
+    channels, power-of-two bucket of batch and length, contiguity, grad mode, CPU threads),
+    caches the winner process-wide (thread-safe) and uses it from then on; every shape is
+    measured, small ones included, on CPU and CUDA (other devices use conv). After the first
+    call with a given input signature, choosing costs one dict lookup. The linear path returns
+    a transposed view (the strides of a ``(B, L, C_out)`` tensor): call ``.contiguous()``
+    before ``.view()`` on its output, and chain pointwise layers freely (the next one reads it
+    without a copy). After ``torch.set_num_threads`` call :meth:`clear_autotune_cache` so
+    that instances measure again.
+
+    Under ``torch.compile`` (``fullgraph=True`` included) and ``torch.export`` nothing is
+    timed: the traced graph uses this instance's latest eager choice for the input's device
+    and dtype, else conv. Run the model once eagerly before compiling it to trace the measured
+    choice; the choice does not depend on the input's sizes there, so dynamic shapes stay
+    dynamic.
 
     Float32 on CUDA: the two paths follow torch's two precision settings. By default cuDNN
     convolutions may use TF32 on Ampere and later GPUs
@@ -148,10 +204,11 @@ class PointwiseConv1d(torch.nn.Conv1d):
         ValueError: ``impl`` is not one of the three.
 
     >>> import torch, safetorch as st
-    >>> conv = torch.nn.Conv1d(8, 4, kernel_size=1)
-    >>> pw = st.PointwiseConv1d(8, 4)
+    >>> conv = torch.nn.Conv1d(32, 64, kernel_size=1)
+    >>> pw = st.PointwiseConv1d(32, 64)
     >>> _ = pw.load_state_dict(conv.state_dict())
-    >>> x = torch.randn(2, 8, 16)
+    >>> x = torch.randn(4, 32, 64)
+    >>> torch.testing.assert_close(pw(x), conv(x))  # the first call measures; later ones look up
     >>> torch.testing.assert_close(pw(x), conv(x))
     >>> pw.impl
     'auto'
@@ -170,10 +227,10 @@ class PointwiseConv1d(torch.nn.Conv1d):
             in_channels, out_channels, kernel_size=1, bias=bias, device=device, dtype=dtype
         )
         self.impl = impl
-        # Per-instance memo of the process-wide decision, keyed by the exact input signature:
-        # one hash of a small tuple instead of building the bucketed key on every call.
+        # Per-instance memo of the process-wide decisions. Two kinds of keys (see forward):
+        # the exact eager input signature, and (device, dtype, generation) -> the latest
+        # eager choice, which is what a traced forward uses.
         self._memo: Dict[Hashable, str] = {}
-        self._memo_generation = _generation
 
     @property
     def impl(self) -> str:
@@ -189,32 +246,59 @@ class PointwiseConv1d(torch.nn.Conv1d):
         self._impl = value
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
         impl = self._impl
-        if impl == "conv" or input.dim() not in (2, 3) or input.shape[-2] != self.in_channels:
-            return F.conv1d(input, self.weight, self.bias)  # wrong shapes: conv's own error
         if impl == "auto":
-            if input.numel() * self.out_channels < _TINY_MACS:
-                return F.conv1d(input, self.weight, self.bias)
-            impl = self._auto_impl(input)
-        return _RUN[impl](input, self.weight, self.bias)
+            if not _compiling():
+                # The hot path: one lookup. A memoized signature passed the shape check in
+                # _decide, so it is not repeated here.
+                sig = (
+                    input.shape,
+                    input.dtype,
+                    input.device,
+                    input.is_contiguous(),
+                    _grad_enabled() and weight.requires_grad,
+                    _generation,
+                )
+                impl = self._memo.get(sig) or self._decide(sig, input, weight, bias)
+                if impl == "linear":
+                    return _linear(input, weight, bias)
+                return F.conv1d(input, weight, bias)
+            # Traced: no timing, and no size in the lookup (it would specialize dynamic dims).
+            impl = self._memo.get((input.device, input.dtype, _generation), _TRACED_DEFAULT)
+        if impl == "linear" and input.dim() in (2, 3) and input.shape[-2] == self.in_channels:
+            return _linear(input, weight, bias)
+        return F.conv1d(input, weight, bias)  # conv, and wrong shapes: conv's own error
 
-    def _auto_impl(self, input: torch.Tensor) -> str:
-        sig = (
-            input.shape,
-            input.dtype,
-            input.device,
-            input.is_contiguous(),
-            torch.is_grad_enabled() and self.weight.requires_grad,
-        )
-        if self._memo_generation != _generation:
-            self._memo, self._memo_generation = {}, _generation
-        impl = self._memo.get(sig)
-        if impl is None:
-            impl = _choose(input, self.weight, self.bias)
-            if len(self._memo) >= _MEMO_MAX:
-                self._memo.clear()
-            self._memo[sig] = impl
+    def _decide(
+        self,
+        sig: Tuple[Any, ...],
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor],
+    ) -> str:
+        """The memo's miss path (eager only): check the shape, ask the process-wide cache."""
+        if input.dim() not in (2, 3) or input.shape[-2] != self.in_channels:
+            return "conv"  # not memoized: conv raises its own error
+        impl = _choose(input, weight, bias)
+        memo = self._memo
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[sig] = impl
+        # sig[-1] is the generation the signature was built in; this entry is what a traced
+        # forward reads (the latest choice for the device and dtype).
+        memo[(input.device, input.dtype, sig[-1])] = impl
         return impl
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Copies and pickles start with an empty memo: its choices belong to this process's
+        # cache generation and machine, not to wherever the copy runs.
+        # nn.Module's own (torch 2.x: it drops the compiled call), else object's (Python 3.11+);
+        # torch 1.13 on Python 3.9 has neither.
+        getstate = getattr(super(), "__getstate__", None)
+        state = dict(getstate() if getstate is not None else self.__dict__)
+        state["_memo"] = {}
+        return state
 
     def extra_repr(self) -> str:
         bias = self.bias is not None
@@ -237,6 +321,9 @@ class PointwiseConv1d(torch.nn.Conv1d):
     @staticmethod
     def clear_autotune_cache() -> None:
         """Forget every measured decision (the next ``"auto"`` forward measures again).
+
+        Instances' memos are dropped too. Compiled graphs are guarded on the cache's
+        generation, so they are traced again, with conv until an eager forward decides again.
 
         >>> import safetorch as st
         >>> st.PointwiseConv1d.clear_autotune_cache()
