@@ -300,11 +300,13 @@ def _dynamo_is_compiling() -> bool:  # torch 2.0-2.2; never imports dynamo itsel
     return dynamo is not None and bool(dynamo.is_compiling())
 
 
-_is_compiling: Callable[[], bool] = _never_compiling
+#: ``tracing()``: whether dynamo is tracing the calling frame (torch.compiler.is_compiling, which
+#: dynamo folds to True; dynamo's own flag on 2.0-2.2). Cheap: hot paths ask this one.
+tracing: Callable[[], bool] = _never_compiling
 
 
 def _compiling_any() -> bool:
-    return bool(_is_compiling()) or _compile_session()
+    return bool(tracing()) or _compile_session()
 
 
 #: ``compiling()``: whether dynamo is tracing or compiling now (always False before torch 2.0).
@@ -348,12 +350,13 @@ register_with_dynamo: Callable[[Any], None] = _no_registration
 
 
 def _bind_compiling() -> None:
-    global compiling, _is_compiling, register_with_dynamo
+    global compiling, tracing, register_with_dynamo
     if not HAS_COMPILE:  # torch < 2.0: no dynamo
-        compiling, register_with_dynamo = _never_compiling, _no_registration
+        compiling = tracing = _never_compiling
+        register_with_dynamo = _no_registration
         return
     compiler: Any = getattr(torch, "compiler", None)
-    _is_compiling = compiler.is_compiling if HAS_COMPILER_IS_COMPILING else _dynamo_is_compiling
+    tracing = compiler.is_compiling if HAS_COMPILER_IS_COMPILING else _dynamo_is_compiling
     compiling = _compiling_any
     register_with_dynamo = _no_registration if DYNAMO_HAS_TRACE_RULES else _allow_in_graph
 

@@ -23,9 +23,8 @@ Two paths through ``forward``:
 from __future__ import annotations
 
 import math
-import sys
 import threading
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+from typing import Any, Dict, Hashable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -57,30 +56,6 @@ _ROUNDS = 11
 _TRACED_DEFAULT = "conv"
 
 _grad_enabled = torch.is_grad_enabled
-
-
-# --- is torch.compile / torch.export tracing this forward? ------------------------------------
-def _never_compiling() -> bool:
-    return False
-
-
-def _dynamo_is_compiling() -> bool:  # torch 2.0-2.2; never imports dynamo itself
-    dynamo = sys.modules.get("torch._dynamo")
-    return dynamo is not None and bool(dynamo.is_compiling())
-
-
-_compiling: Callable[[], bool] = _never_compiling
-
-
-@_compat.register_binder
-def _bind_compiling() -> None:
-    global _compiling
-    if _compat.HAS_COMPILER_IS_COMPILING:  # dynamo folds it to True while it traces
-        _compiling = torch.compiler.is_compiling
-    elif _compat.HAS_COMPILE:
-        _compiling = _dynamo_is_compiling
-    else:  # torch < 2.0: nothing traces forward
-        _compiling = _never_compiling
 
 
 # --- the two candidates and their measurement -------------------------------------------------
@@ -249,7 +224,7 @@ class PointwiseConv1d(torch.nn.Conv1d):
         weight, bias = self.weight, self.bias
         impl = self._impl
         if impl == "auto":
-            if not _compiling():
+            if not _compat.tracing():  # torch.compile / torch.export trace the else branch
                 # The hot path: one lookup. A memoized signature passed the shape check in
                 # _decide, so it is not repeated here.
                 sig = (

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import safetorch as st
+from safetorch import _compat
 from safetorch.nn import pointwise
 
 pytestmark = pytest.mark.skipif(
@@ -167,13 +168,13 @@ def test_older_torch_branches(monkeypatch: pytest.MonkeyPatch, simulate_torch: A
     conv, pw = pair(8, 4)
     x = torch.randn(2, 8, 16)
     forbid_timing(monkeypatch)
-    installed = pointwise._compiling
+    installed = _compat.tracing
     # torch 2.0-2.2: no torch.compiler.is_compiling; dynamo's own flag is asked instead
     with simulate_torch(HAS_COMPILER_IS_COMPILING=False):
-        assert pointwise._compiling is pointwise._dynamo_is_compiling
+        assert _compat.tracing is _compat._dynamo_is_compiling
         y = torch.compile(pw, fullgraph=True, backend="eager")(x)
         torch.testing.assert_close(y, conv(x))
     # torch < 2.0: nothing traces forward
     with simulate_torch(HAS_COMPILER_IS_COMPILING=False, HAS_COMPILE=False):
-        assert pointwise._compiling is pointwise._never_compiling
-    assert pointwise._compiling is installed
+        assert _compat.tracing is _compat._never_compiling
+    assert _compat.tracing is installed
