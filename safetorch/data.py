@@ -52,7 +52,14 @@ from safetorch._stack import user_stacklevel
 from safetorch.errors import DataWarning
 from safetorch.findings import Finding
 
-__all__ = ["PinnedBatch", "pin", "collate", "check_loader", "SafeDataLoader"]
+__all__ = [
+    "PinnedBatch",
+    "pin",
+    "collate",
+    "check_loader",
+    "SafeDataLoader",
+    "loader_to_iterate",
+]
 
 _log = logging.getLogger("safetorch")
 
@@ -99,6 +106,41 @@ def pin(obj: _T, device: Optional[Union[str, torch.device]] = None) -> _T:
     if not _device.accelerator_available():
         return obj
     return _pin_nested(obj)
+
+
+class _NoPinLoader:
+    """Read-only view of a DataLoader with ``pin_memory`` False (for iterator setup only)."""
+
+    __slots__ = ("_loader",)
+    pin_memory = False
+
+    def __init__(self, loader: Any) -> None:
+        object.__setattr__(self, "_loader", loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def loader_to_iterate(loader: Any) -> Any:
+    """The loader a DataLoader iterator should be built from: ``loader`` itself, or, when it
+    asks for ``pin_memory=True`` on a machine without an accelerator, a read-only view of it
+    with ``pin_memory`` False.
+
+    torch turns pinning off by itself there, and from torch 2.7 also warns on every iterator
+    ("'pin_memory' argument is set as true but no accelerator is found"); an iterator built
+    from the view behaves exactly as torch's (no pinning) and says nothing. The loader object
+    is never modified, so other threads see no flip. The ``pin_memory`` patch builds every
+    DataLoader iterator through this function.
+
+    >>> import torch, safetorch as st
+    >>> loader = torch.utils.data.DataLoader([torch.zeros(2)], pin_memory=True)
+    >>> view = st.data.loader_to_iterate(loader)
+    >>> (view is loader) == st.accelerator_available(), view.pin_memory == st.accelerator_available()
+    (True, True)
+    """
+    if not getattr(loader, "pin_memory", False) or _device.accelerator_available():
+        return loader
+    return _NoPinLoader(loader)
 
 
 def _pin_nested(obj: Any) -> Any:

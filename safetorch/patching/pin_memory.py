@@ -7,16 +7,15 @@ dataclasses and custom batch types that torch passes through unpinned.
 
 Without an accelerator torch 2.x turns pinning off itself but warns on every iterator
 ("'pin_memory' argument is set as true but no accelerator is found"). The second target
-hands ``_BaseDataLoaderIter.__init__`` a read-only view of the loader whose ``pin_memory``
-is False: the iterator then behaves exactly as torch's would (no pinning) and says nothing,
-and the loader object itself is never modified (so other threads see no flip).
+builds each iterator from ``st.data.loader_to_iterate(loader)``: a read-only view whose
+``pin_memory`` is False there, so the iterator behaves exactly as torch's would (no pinning)
+and says nothing, and the loader object itself is never modified.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
-from safetorch import _device
 from safetorch.patching import registry
 
 __all__: list = []
@@ -38,27 +37,16 @@ _pin = registry.route(
 )
 
 
-class _NoPinLoader:
-    """Read-only view of a DataLoader with ``pin_memory`` False (for iterator setup only)."""
-
-    __slots__ = ("_loader",)
-    pin_memory = False
-
-    def __init__(self, loader: Any) -> None:
-        object.__setattr__(self, "_loader", loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
 def _iter_init(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    from safetorch import data
+
     loader = args[0] if args else kwargs.get("loader")
-    if not getattr(loader, "pin_memory", False) or _device.accelerator_available():
+    view = data.loader_to_iterate(loader)
+    if view is loader:
         return wrapped(*args, **kwargs)
     registry.record(
         _NAME, "DataLoader(pin_memory=True) without accelerator", "pinning off, no warning"
     )
-    view = _NoPinLoader(loader)
     if args:
         return wrapped(view, *args[1:], **kwargs)
     return wrapped(**{**kwargs, "loader": view})
