@@ -20,6 +20,7 @@ def _route(name: str) -> registry.WrapperFn:
         lambda wrapped, instance, args, kwargs: impl(*args, **kwargs),
         kind=f"F.{name} -> st.{name}",
         detail="F.interpolate with the same arguments, no warning",
+        scoped=False,  # st.upsample* call F.interpolate, never the patched F.upsample*
     )
 
 
