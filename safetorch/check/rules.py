@@ -2283,8 +2283,9 @@ class RuleInfo:
 
 _ALL_RULES: Tuple[Type[Rule], ...] = (SyntaxErrorRule, *RULES)
 
-#: code -> pitfall -> safetorch function (and the torch entry points monkeypatch mode routes;
-#: ``RULE_TABLE[code].safetorch_for(symbol)`` gives the function for one entry point).
+#: code -> the rule's facts: name, pitfall-table row (``pitfall_id``), safetorch function, and
+#: the torch entry points it finds (``RULE_TABLE[code].safetorch_for(symbol)`` gives the
+#: function for one entry point). Patches and rules meet in ``safetorch._pitfalls``.
 RULE_TABLE: Dict[str, RuleInfo] = {
     r.code: RuleInfo(
         r.code,
