@@ -330,7 +330,11 @@ def _safe_reader(directory: str) -> Any:
 
 @contextlib.contextmanager
 def _single_process_quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
+    from safetorch.checkpoint.loading import _torch_internals_quiet
+
+    # torch 2.x's DCP filesystem writer calls tensor.storage(), which warns "TypedStorage is
+    # deprecated" from inside torch (once per process): not about anything the caller did.
+    with warnings.catch_warnings(), _torch_internals_quiet():
         # DCP says it "assumes the intent is to load in a single process" without a group.
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         warnings.filterwarnings("ignore", message=".*assuming the intent is to.*")
