@@ -33,6 +33,15 @@ class Pitfall(NamedTuple):
     no_rule: str = ""  # why there is no rule, when there is none
     no_function: str = ""  # why there is no safetorch function, when there is none
 
+    @property
+    def finding(self) -> Optional[str]:
+        """The pitfall's main runtime finding id (the first of ``findings``), or None.
+
+        >>> by_id("bias-before-bn").finding, by_id("cuda-index-assert").finding
+        ('bias-before-bn', None)
+        """
+        return self.findings[0] if self.findings else None
+
 
 PITFALLS: Tuple[Pitfall, ...] = (
     Pitfall(
