@@ -64,43 +64,41 @@ def _check_dir(command: str, directory: str) -> int:
     return 0
 
 
-def _install(args: argparse.Namespace) -> int:
+def _hook_command(args: argparse.Namespace, install: bool) -> int:
+    """``install-hook`` / ``uninstall-hook``: write or remove the .pth file in ``--dir``."""
     from safetorch.patching import hook
 
+    command = "install-hook" if install else "uninstall-hook"
     directory = args.dir or hook.default_dir()
-    bad = _check_dir("install-hook", directory)
+    bad = _check_dir(command, directory)
     if bad:
         return bad
+    target = os.path.join(directory, hook.PTH_NAME)
     try:
-        path = hook.install(directory)
+        path = hook.install(directory) if install else hook.uninstall(directory)
     except OSError as exc:
-        return _fail(
-            "install-hook",
-            f"cannot write {os.path.join(directory, hook.PTH_NAME)!r}: {exc.strerror or exc}; "
-            "pass a writable site-packages directory with --dir",
-            1,
-        )
-    print(f"installed {path}: SAFETORCH_PATCH=all python script.py now runs with patches on")
+        reason = exc.strerror or exc
+        if install:
+            message = (
+                f"cannot write {target!r}: {reason}; pass a writable site-packages directory "
+                "with --dir"
+            )
+        else:
+            message = f"cannot remove {target!r}: {reason}"
+        return _fail(command, message, 1)
+    if install:
+        print(f"installed {path}: SAFETORCH_PATCH=all python script.py now runs with patches on")
+    else:
+        print(f"removed {path}" if path else f"no safetorch hook installed in {directory}")
     return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    return _hook_command(args, install=True)
 
 
 def _uninstall(args: argparse.Namespace) -> int:
-    from safetorch.patching import hook
-
-    directory = args.dir or hook.default_dir()
-    bad = _check_dir("uninstall-hook", directory)
-    if bad:
-        return bad
-    try:
-        path = hook.uninstall(directory)
-    except OSError as exc:
-        return _fail(
-            "uninstall-hook",
-            f"cannot remove {os.path.join(directory, hook.PTH_NAME)!r}: {exc.strerror or exc}",
-            1,
-        )
-    print(f"removed {path}" if path else f"no safetorch hook installed in {directory}")
-    return 0
+    return _hook_command(args, install=False)
 
 
 def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

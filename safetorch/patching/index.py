@@ -159,29 +159,16 @@ PATCH = registry.declare(
         ),
         targets=(
             GETITEM,
-            registry.Target(
-                "torch",
-                "Tensor.index_select",
-                _select_like("index_select", "x.index_select", ()),
-                attribute_warnings=False,
-            ),
-            registry.Target(
-                "torch",
-                "Tensor.gather",
-                _select_like("gather", "x.gather", ("sparse_grad",)),
-                attribute_warnings=False,
-            ),
-            registry.Target(
-                "torch",
-                "index_select",
-                _select_like("index_select", "torch.index_select", ()),
-                attribute_warnings=False,
-            ),
-            registry.Target(
-                "torch",
-                "gather",
-                _select_like("gather", "torch.gather", ("sparse_grad",)),
-                attribute_warnings=False,
+            *(
+                registry.Target(
+                    "torch", path, _select_like(op, label, extra), attribute_warnings=False
+                )
+                for path, op, label, extra in (
+                    ("Tensor.index_select", "index_select", "x.index_select", ()),
+                    ("Tensor.gather", "gather", "x.gather", ("sparse_grad",)),
+                    ("index_select", "index_select", "torch.index_select", ()),
+                    ("gather", "gather", "torch.gather", ("sparse_grad",)),
+                )
             ),
         ),
         pitfalls=("cuda-index-assert",),
