@@ -340,6 +340,16 @@ def _check_ranges(checks: "Sequence[Tuple[torch.Tensor, int, int, int]]") -> Non
             raise IndexOutOfBoundsError(_oob_message(_first_bad(t, lo, n), dim, n))
 
 
+def _check_select(
+    torch_op: Any, x: torch.Tensor, dim: int, index: torch.Tensor, d: int, n: int
+) -> None:
+    """Raise before an ``index_select``/``gather`` kernel when ``index`` leaves ``[0, n)``."""
+    try:
+        _check_ranges([(index, 0, n, d)])
+    except IndexOutOfBoundsError:
+        _raise_like_cpu(torch_op, x, dim, index)  # CPU torch's wording, path by path
+
+
 # --- index transforms for clip / wrap / fill / deferred ------------------------------------
 def _out_of_range(t: torch.Tensor, lo: int, n: int) -> torch.Tensor:
     """Bool mask of the entries of ``t`` outside ``[lo, n)`` (no host sync)."""
@@ -414,6 +424,11 @@ def _call_site() -> int:
     between changes nothing)."""
     frame = user_frame() or sys._getframe(1)
     key = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    return _site_id(key, f"{key[0]}:{key[1]} in {key[2]}")
+
+
+def _site_id(key: Tuple[str, int, str], label: str) -> int:
+    """The id of a recorded call site (``label`` is what ``raise_deferred`` names)."""
     site = _deferred.site_ids.get(key)  # a dict read is atomic: lock only to add a site
     if site is not None:
         return site
@@ -421,7 +436,7 @@ def _call_site() -> int:
         site = _deferred.site_ids.get(key)
         if site is None:
             site = len(_deferred.sites)
-            _deferred.sites.append(f"{key[0]}:{key[1]} in {key[2]}")
+            _deferred.sites.append(label)
             _deferred.site_ids[key] = site
     return site
 
@@ -631,27 +646,14 @@ def _checked_ranges_eager(
 def _checked_select_eager(
     x: torch.Tensor, dim: int, index: torch.Tensor, d: int, n: int, op: str
 ) -> torch.Tensor:
-    try:
-        _check_ranges([(index, 0, n, d)])
-    except IndexOutOfBoundsError:
-        _raise_like_cpu(_SELECT_OPS[op], x, dim, index)  # CPU torch's wording
+    _check_select(_SELECT_OPS[op], x, dim, index, d, n)
     return index.clone()
 
 
 def _deferred_eager(t: torch.Tensor, bad: torch.Tensor, dim: int, n: int) -> torch.Tensor:
-    _record(t, bad, dim, n, _compiled_site())
+    key = _COMPILED_SITE_KEY
+    _record(t, bad, dim, n, _site_id(key, f"{key[0]} {key[2]}"))
     return _zero_bad(t, bad)
-
-
-def _compiled_site() -> int:
-    with _deferred.lock:
-        site = _deferred.site_ids.get(_COMPILED_SITE_KEY)
-        if site is None:
-            site = len(_deferred.sites)
-            key = _COMPILED_SITE_KEY
-            _deferred.sites.append(f"{key[0]} {key[2]}")
-            _deferred.site_ids[key] = site
-    return site
 
 
 _checked_ranges_op: Optional[Any] = None
@@ -690,15 +692,16 @@ if _compat.HAS_CUSTOM_OP:
     _register_ops()
 
 
-def _traced() -> bool:
-    """Whether dynamo is tracing this call and the custom ops can stand in for the check."""
-    return _checked_ranges_op is not None and _compat.compiling()
+# How a checked call runs, decided once per call: eagerly; while dynamo traces it, through the
+# custom ops; or, tracing on torch 2.0-2.3 (no custom ops), outside the graph (a graph break:
+# fullgraph=True refuses to compile).
+_EAGER, _OPS, _OUTSIDE = 0, 1, 2
 
 
-def _untraceable() -> bool:
-    """Whether dynamo is tracing this call on a torch without custom ops (2.0-2.3): the check
-    then runs outside the graph (a graph break; fullgraph=True refuses to compile)."""
-    return _checked_ranges_op is None and _compat.compiling()
+def _route() -> int:
+    if not _compat.tracing():
+        return _EAGER
+    return _OPS if _checked_ranges_op is not None else _OUTSIDE
 
 
 def _parse_like_cpu(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], List[int]]:
@@ -711,11 +714,12 @@ def _parse_like_cpu(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], Lis
 
 
 def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
-    if _untraceable():
+    route = _route()
+    if route == _OUTSIDE:
         return _compat.run_eagerly(_checked_getitem_raise, x, index)
     items, advs, _ = _parse_like_cpu(x, index)
-    if _traced():
-        ints = [a for a in advs if a.kind == "int" and a.tensor.numel()]
+    ints = [a for a in advs if a.kind == "int" and a.tensor.numel()]
+    if route == _OPS:
         if not ints:
             return _getitem(x, index)
         assert _checked_ranges_op is not None
@@ -730,13 +734,7 @@ def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
             new_items[a.pos] = t
         return _getitem(x, tuple(new_items))
     try:
-        _check_ranges(
-            [
-                (a.tensor, -a.size, a.size, a.dim)
-                for a in advs
-                if a.kind == "int" and a.tensor.numel()
-            ]
-        )
+        _check_ranges([(a.tensor, -a.size, a.size, a.dim) for a in ints])
     except IndexOutOfBoundsError:
         # CPU torch's message: which index it reports first and how it numbers dimensions
         # (and "index is out of bounds for dimension with size 0") are its kernel's.
@@ -753,7 +751,8 @@ def _getitem_modes(
     mode: str,
     fill_value: Any,
 ) -> torch.Tensor:
-    if mode == "deferred" and _untraceable():
+    route = _route() if mode == "deferred" else _EAGER
+    if route == _OUTSIDE:
         args = (x, items, advs, ints, produced, mode, fill_value)
         return _compat.run_eagerly(_getitem_modes, *args)
     new_items = list(items)
@@ -764,7 +763,7 @@ def _getitem_modes(
             _oob_message(int(a.tensor.reshape(-1)[0]), a.dim, 0)
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
-    traced = mode == "deferred" and _traced()
+    traced = route == _OPS
     site = _call_site() if mode == "deferred" and not traced else 0
     bad: Optional[torch.Tensor] = None  # fill: positions where any index is out of range
     for a in ints:
@@ -838,18 +837,15 @@ def _select_like(
     d, n = norm
     if index.device != x.device:
         _device_mismatch(f"{op}()", x, index)
-    if mode == "raise" or mode == "deferred":
-        if _untraceable():
-            args = (op, torch_op, x, dim, index, mode, fill_value, extra)
-            return _compat.run_eagerly(_select_like, *args)
+    route = _route() if mode == "raise" or mode == "deferred" else _EAGER
+    if route == _OUTSIDE:
+        args = (op, torch_op, x, dim, index, mode, fill_value, extra)
+        return _compat.run_eagerly(_select_like, *args)
     if mode == "raise":
-        if _traced():
+        if route == _OPS:
             assert _checked_select_op is not None
             return torch_op(x, dim, _checked_select_op(x, dim, index, d, n, op), **extra)
-        try:
-            _check_ranges([(index, 0, n, d)])
-        except IndexOutOfBoundsError:
-            _raise_like_cpu(torch_op, x, dim, index)  # CPU torch's wording, path by path
+        _check_select(torch_op, x, dim, index, d, n)
         return torch_op(x, dim, index, **extra)
     if n == 0 and mode != "fill":
         raise IndexOutOfBoundsError(
@@ -857,7 +853,7 @@ def _select_like(
             + f" (mode={mode!r} cannot map an index into an empty dimension)"
         )
     bad = _out_of_range(index, 0, n) if mode in ("fill", "deferred") else None
-    if mode == "deferred" and _traced():
+    if route == _OPS:  # deferred
         assert _deferred_op is not None and bad is not None
         return torch_op(x, dim, _deferred_op(index, bad, d, n), **extra)
     if mode == "deferred":
