@@ -29,7 +29,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
@@ -37,6 +36,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_tensor import _per_call  # noqa: E402  (per-call seconds of back-to-back calls)
+
 import safetorch as st  # noqa: E402
 
 Shape = Tuple[int, int, int, int]  # B, C_in, L, C_out
@@ -57,16 +58,6 @@ def _sync(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
-def _block(fn: Callable[[], object], number: int, sync: Callable[[], None]) -> float:
-    """Per-call seconds of ``number`` back-to-back calls (synchronized at both ends on CUDA)."""
-    sync()
-    start = time.perf_counter()
-    for _ in range(number):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / number
-
-
 def _paired(
     fns: Dict[str, Callable[[], object]], seconds: float, device: str
 ) -> Dict[str, List[float]]:
@@ -74,14 +65,14 @@ def _paired(
     sync = _sync(device)
     for fn in fns.values():  # warm up
         fn()
-    once = max(_block(next(iter(fns.values())), 1, sync), 1e-7)
+    once = max(_per_call(next(iter(fns.values())), 1, sync), 1e-7)
     number = max(1, int(0.02 / once))  # >= ~20 ms per timed block
     rounds = int(seconds / (len(fns) * number * once))
     rounds = max(3, min(41, rounds))
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            times[name].append(_block(fn, number, sync))
+            times[name].append(_per_call(fn, number, sync))
     return times
 
 
@@ -103,7 +94,7 @@ def bench(shapes: List[Shape], seconds: float, device: str) -> Tuple[List[str], 
             lin.weight.copy_(conv.weight.squeeze(-1))
             lin.bias.copy_(conv.bias)
             pw.load_state_dict(conv.state_dict())
-            decide = _block(lambda: pw(x), 1, _sync(device))  # measures once, caches the winner
+            decide = _per_call(lambda: pw(x), 1, _sync(device))  # measures once, caches the winner
             y = pw(x)
             choice = "conv" if y.is_contiguous() else "linear"
             torch.testing.assert_close(y, conv(x), rtol=1e-4, atol=1e-4)
