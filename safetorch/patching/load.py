@@ -25,7 +25,7 @@ import importlib
 import inspect
 import pickle
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -43,11 +43,6 @@ _cuda_available = torch.cuda.is_available
 _MapToAvailable = _checkpoint.MapToAvailable
 
 
-def _call_with_weights_only(wrapped: Any, f: Any, ml: Any, pm: Any, wo: bool, kw: Dict) -> Any:
-    return wrapped(f, ml, pm, weights_only=wo, **kw)
-
-
-_call_original: Callable[..., Any] = _call_with_weights_only
 _DEFAULT_NOTE: Optional[str] = None
 
 
@@ -105,7 +100,7 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
     if weights_only is False:
         if mmap is not None:
             extra["mmap"] = mmap
-        result = _call_original(wrapped, f, map_location, None, weights_only, extra)
+        result = wrapped(f, map_location, None, weights_only=False, **extra)
     else:
         encoding = extra.pop("encoding", "utf-8")
         registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")

@@ -31,7 +31,7 @@ _SIGNATURE = inspect.signature(nn.Module.load_state_dict)
 
 
 def _select(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    """(model, source, strict, options) when the call needs st.load_state_dict, else None."""
+    """(source, strict, options) when the call needs st.load_state_dict, else None."""
     if not isinstance(instance, nn.Module):
         return None
     try:
@@ -48,13 +48,13 @@ def _select(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any
     options = {}
     if "assign" in bound.arguments:
         options["assign"] = bound.arguments["assign"]
-    return instance, source, strict, options
+    return source, strict, options
 
 
 def _load_state_dict_body(
     wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]
 ) -> Any:
-    ((_, source, strict, options),) = args
+    ((source, strict, options),) = args
     try:
         report = _model_state.load_state_dict(instance, source, strict=bool(strict), **options)
     except RuntimeError as exc:
