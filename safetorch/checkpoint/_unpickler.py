@@ -853,9 +853,6 @@ def _skip(stream: IO[bytes], n: int) -> int:
     return done
 
 
-ZIP_MAGIC = formats.ZIP_MAGIC
-
-
 def zip_record_prefix(names: List[str]) -> str:
     """The record prefix torch's PyTorchStreamReader uses: the first entry's top directory."""
     first = names[0] if names else ""
@@ -916,9 +913,7 @@ def scan_file(source: Any, *, byte_budget: int = 1 << 30, seconds: float = 30.0)
         stream = source
     try:
         start = stream.tell()
-        head = stream.read(4)
-        stream.seek(start)
-        if head == ZIP_MAGIC:
+        if formats.sniff(stream) == "zip":  # reads the head, restores the position
             try:
                 with zipfile.ZipFile(seekable(stream)) as archive:
                     result = scan_archive(archive, byte_budget=byte_budget, seconds=seconds)
