@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
+import math
 import os
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
 from safetorch import _compat
 from safetorch._atomic import atomic_write, atomic_write_dir, atomic_write_text
-from safetorch.checkpoint import _unpickler
-from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
+from safetorch.checkpoint import _unpickler, reader
+from safetorch.errors import CheckpointError, CheckpointFileNotFoundError, UnsafeCheckpointError
 
 __all__: List[str] = []  # private module: used by safetorch.checkpoint.io and cli
 
@@ -64,35 +66,55 @@ _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".tar")
 # Files in such directories that are not model weights (never picked, never unpickled here).
 _NOT_WEIGHTS = ("optimizer", "scheduler", "scaler", "random_states", "rng_state", "training_args")
 
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
-    if hasattr(torch, _attr):  # float8 dtypes: torch 2.1+
-        _SAFETENSORS_DTYPES[_name] = getattr(torch, _attr)
-
 
 def _meta(shape: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
 
 
-def nest_flat_keys(flat: Mapping[str, Any]) -> Any:
+class BytesEntry:
+    """A DCP entry holding a pickled object (not a tensor), in a meta view: it is read only
+    through the restricted unpickler, and never into a tensor of the model."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __repr__(self) -> str:
+        return "<pickled object>"
+
+
+def _is_state_value(key: str, value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or key.endswith("_extra_state")
+
+
+def nest_flat_keys(flat: Mapping[str, Any], paths: Optional[Mapping[str, Any]] = None) -> Any:
     """``{"model.0.weight": t, "epoch": b}`` -> ``{"model": {"0.weight": t}, "epoch": b}``.
 
-    A flat mapping whose entries are all tensors is a state dict as it is (DCP of a bare
+    ``paths`` (DCP's ``planner_data``, checked by :func:`check_planner_data`) gives each flat
+    key's original path and decides the nesting. Without it, a flat mapping whose entries are
+    all tensors (or ``*_extra_state``) is a state dict as it is (DCP of a bare
     ``model.state_dict()``); otherwise keys are grouped by their first segment, the way DCP
     flattened the nested dict it saved.
+
+    >>> nest_flat_keys({"model.w": 1, "epoch": 2}, {"model.w": ("model", "w"), "epoch": ("epoch",)})
+    {'model': {'w': 1}, 'epoch': 2}
     """
-    if flat and all(isinstance(v, torch.Tensor) for v in flat.values()):
+    if paths:
+        out: Dict[Any, Any] = {}
+        for key, value in flat.items():
+            path = paths.get(key, (key,))
+            node = out
+            for part in path[:-1]:
+                child = node.setdefault(part, {})
+                if not isinstance(child, dict):
+                    raise CheckpointError(
+                        f"DCP planner_data nests {key!r} under {part!r}, which holds a value"
+                    )
+                node = child
+            node[path[-1]] = value
+        return out
+    if flat and all(_is_state_value(k, v) for k, v in flat.items()):
         return dict(flat)
     nested: Dict[str, Any] = {}
     for key, value in flat.items():
@@ -118,120 +140,9 @@ class Layout:
     def meta_view(self) -> Any:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def load_into(
-        self,
-        model: torch.nn.Module,
-        pairs: List[Tuple[str, str]],
-        apply: Callable[[Dict[str, Any]], None],
-    ) -> None:  # pragma: no cover - overridden
-        """Read the source keys of ``pairs`` (``(target_key, full_source_key)``) and hand
-        ``{target_key: tensor}`` batches to ``apply``."""
+    def read(self, keys: List[str]) -> Dict[str, Any]:  # pragma: no cover - overridden
+        """The values of the full source ``keys``, read into CPU memory."""
         raise NotImplementedError
-
-    def files(self) -> List[str]:
-        return [self.path]
-
-
-# --- sharded indexes ---------------------------------------------------------------------------
-def read_safetensors_header(path: str) -> Dict[str, Any]:
-    """The JSON header of a .safetensors file (dtypes, shapes, offsets), reading only it."""
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise CheckpointError(f"{path!r} is not a safetensors file (shorter than 8 bytes)")
-        size = int.from_bytes(raw, "little")
-        if not 2 <= size <= 100_000_000 or size > os.path.getsize(path) - 8:
-            raise CheckpointError(f"{path!r} is not a valid safetensors file (header size {size})")
-        try:
-            header = json.loads(fh.read(size))
-        except ValueError as exc:
-            raise CheckpointError(f"{path!r} has a corrupt safetensors header ({exc})") from None
-    header.pop("__metadata__", None)
-    return header
-
-
-def _safetensors_meta(path: str) -> Dict[str, torch.Tensor]:
-    out: Dict[str, torch.Tensor] = {}
-    for key, info in read_safetensors_header(path).items():
-        dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise CheckpointError(f"{path!r}: tensor {key!r} has unsupported dtype {info!r}")
-        out[key] = _meta(info["shape"], dtype)
-    return out
-
-
-def _safetensors_module() -> Any:
-    try:
-        import safetensors.torch as st_torch
-    except ImportError:
-        raise CheckpointError(
-            "reading .safetensors shards needs the safetensors package; install it with: "
-            "pip install 'safetorch[safetensors]'"
-        ) from None
-    return st_torch
-
-
-class ShardedIndex(Layout):
-    """``*.index.json`` with a ``weight_map`` of key -> shard file (safetensors or torch)."""
-
-    kind = "sharded index"
-
-    def __init__(self, path: str, description: str) -> None:
-        super().__init__(path, description)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                index = json.load(fh)
-            weight_map = index["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(
-                f"cannot read the shard index {path!r}: {exc}; expected JSON with a "
-                "'weight_map' of tensor name -> shard file"
-            ) from None
-        root = os.path.dirname(os.path.abspath(path))
-        self.weight_map: Dict[str, str] = {}
-        for key, name in weight_map.items():
-            shard = os.path.normpath(os.path.join(root, name))
-            if os.path.dirname(shard) != root:  # "../x": never outside the index's directory
-                raise CheckpointError(f"shard {name!r} in {path!r} is outside its directory")
-            self.weight_map[key] = shard
-        missing = sorted({s for s in self.weight_map.values() if not os.path.isfile(s)})
-        if missing:
-            raise CheckpointFileNotFoundError(
-                f"the shard index {path!r} names {len(missing)} missing shard(s): "
-                f"{[os.path.basename(m) for m in missing[:5]]}"
-            )
-        self._bin_cache: Dict[str, Any] = {}
-
-    def files(self) -> List[str]:
-        return sorted(set(self.weight_map.values()))
-
-    def _is_safetensors(self, shard: str) -> bool:
-        return shard.endswith(".safetensors")
-
-    def _bin(self, shard: str) -> Mapping[str, Any]:
-        if shard not in self._bin_cache:
-            from safetorch.checkpoint import io as ckpt_io
-
-            self._bin_cache[shard] = ckpt_io.load_for_copy(shard)
-        return self._bin_cache[shard]
-
-    def meta_view(self) -> Any:
-        view: Dict[str, Any] = {}
-        for shard in self.files():
-            keys = [k for k, s in self.weight_map.items() if s == shard]
-            if self._is_safetensors(shard):
-                meta = _safetensors_meta(shard)
-            else:
-                loaded = self._bin(shard)
-                meta = {k: _meta(v.shape, v.dtype) for k, v in loaded.items() if torch.is_tensor(v)}
-            for key in keys:
-                if key not in meta:
-                    raise CheckpointError(
-                        f"the shard index {self.path!r} maps {key!r} to "
-                        f"{os.path.basename(shard)!r}, which does not contain it"
-                    )
-                view[key] = meta[key]
-        return view
 
     def load_into(
         self,
@@ -239,20 +150,167 @@ class ShardedIndex(Layout):
         pairs: List[Tuple[str, str]],
         apply: Callable[[Dict[str, Any]], None],
     ) -> None:
-        by_shard: Dict[str, List[Tuple[str, str]]] = collections.defaultdict(list)
-        for target, source in pairs:
-            by_shard[self.weight_map[source]].append((target, source))
-        for shard, items in sorted(by_shard.items()):
-            if self._is_safetensors(shard):
-                _safetensors_module()  # the install hint, if the package is missing
-                from safetensors import safe_open
+        """Read the source keys of ``pairs`` (``(target_key, full_source_key)``) and hand
+        ``{target_key: value}`` batches to ``apply`` (``Module.load_state_dict``: ``assign=``
+        and load hooks honoured), about ``_BATCH_BYTES`` at a time."""
+        for batch in _batches(pairs, self._nbytes):
+            values = self.read([s for _, s in batch])
+            apply({t: values[s] for t, s in batch})
 
-                with safe_open(shard, framework="pt", device="cpu") as fh:
-                    apply({t: fh.get_tensor(s) for t, s in items})
-            else:
-                loaded = self._bin(shard)
-                apply({t: loaded[s] for t, s in items})
-                self._bin_cache.pop(shard, None)  # drop the map once copied
+    def _nbytes(self, key: str) -> int:
+        return 0
+
+    def files(self) -> List[str]:
+        return [self.path]
+
+
+_BATCH_BYTES = 256 << 20
+
+
+def _batches(
+    pairs: List[Tuple[str, str]], nbytes: Callable[[str], int]
+) -> Iterator[List[Tuple[str, str]]]:
+    batch: List[Tuple[str, str]] = []
+    size = 0
+    for pair in pairs:
+        n = nbytes(pair[1])
+        if batch and size + n > _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(pair)
+        size += n
+    if batch:
+        yield batch
+
+
+# --- sharded indexes ---------------------------------------------------------------------------
+def _safetensors_meta(path: str) -> Dict[str, torch.Tensor]:
+    """``{key: meta tensor}`` of one .safetensors file (the one header parser: reader.py)."""
+    with reader.open_regular(path, "safetensors file") as f:
+        return reader.read_safetensors_header(f).meta()
+
+
+def _safetensors_module() -> Any:
+    try:
+        import safetensors.torch as st_torch
+    except ImportError:
+        raise CheckpointError(
+            "writing .safetensors files needs the safetensors package; install it with: "
+            "pip install 'safetorch[safetensors]'"
+        ) from None
+    return st_torch
+
+
+class ShardedIndex(Layout):
+    """``*.index.json`` with a ``weight_map`` of key -> shard file (safetensors or torch).
+
+    Every shard is resolved inside the index's directory by the one reader; headers (or, for
+    ``.bin`` shards, the weights-only load) are checked for every shard before any tensor is
+    applied, and a shard read again later must be the file checked.
+    """
+
+    kind = "sharded index"
+
+    def __init__(self, path: str, description: str) -> None:
+        super().__init__(path, description)
+        index = reader.read_json(
+            path, "shard index", "JSON with a 'weight_map' of tensor name -> shard file"
+        )
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise CheckpointError(
+                f"cannot read the shard index {path!r}: expected a JSON object with a "
+                "'weight_map' of tensor name -> shard file name, got "
+                f"{type(weight_map if isinstance(index, dict) else index).__name__}"
+            )
+        root = reader.Root(os.path.dirname(os.path.abspath(path)))
+        resolved: Dict[str, str] = {}
+        self.weight_map: Dict[str, str] = {}
+        for key, name in weight_map.items():
+            shard = resolved.get(name)
+            if shard is None:
+                shard = resolved[name] = root.resolve(name, "shard")
+            self.weight_map[key] = shard
+        self._init_shards()
+
+    def _init_shards(self) -> None:
+        self._keys_of: Dict[str, List[str]] = collections.defaultdict(list)
+        for key, shard in self.weight_map.items():
+            self._keys_of[shard].append(key)
+        missing = sorted(s for s in self._keys_of if not os.path.exists(s))
+        if missing:
+            raise CheckpointFileNotFoundError(
+                f"the shard index {self.path!r} names {len(missing)} missing shard(s): "
+                f"{[os.path.basename(m) for m in missing[:5]]}"
+            )
+        self._headers: Dict[str, reader.SafetensorsHeader] = {}
+        self._identity: Dict[str, reader.Identity] = {}
+        self._meta: Dict[str, torch.Tensor] = {}
+
+    def files(self) -> List[str]:
+        return sorted(self._keys_of)
+
+    def _is_safetensors(self, shard: str) -> bool:
+        return shard.endswith(".safetensors")
+
+    def _load_bin(self, f: reader.RegularFile) -> Mapping[str, Any]:
+        from safetorch.checkpoint.loading import load_checked
+
+        loaded = load_checked(f.fh, f.path)
+        if not isinstance(loaded, Mapping):
+            raise CheckpointError(
+                f"shard {f.path!r} holds a {type(loaded).__name__}, not a state dict"
+            )
+        return loaded
+
+    def _check_shards(self) -> None:
+        """Open every shard once, check it, and keep its meta view and identity."""
+        if self._identity:
+            return
+        for shard in self.files():
+            with reader.open_regular(shard, "shard") as f:
+                if self._is_safetensors(shard):
+                    header = reader.read_safetensors_header(f)
+                    self._headers[shard] = header
+                    meta = header.meta()
+                else:
+                    loaded = self._load_bin(f)
+                    meta = {
+                        k: _meta(v.shape, v.dtype) for k, v in loaded.items() if torch.is_tensor(v)
+                    }
+                self._identity[shard] = f.identity
+            for key in self._keys_of[shard]:
+                if key not in meta:
+                    raise CheckpointError(
+                        f"the shard index {self.path!r} maps {key!r} to "
+                        f"{os.path.basename(shard)!r}, which does not contain it"
+                    )
+                self._meta[key] = meta[key]
+
+    def meta_view(self) -> Any:
+        self._check_shards()
+        return {key: self._meta[key] for key in self.weight_map}
+
+    def _nbytes(self, key: str) -> int:
+        t = self._meta.get(key)
+        return 0 if t is None else t.numel() * t.element_size()
+
+    def read(self, keys: List[str]) -> Dict[str, Any]:
+        self._check_shards()
+        by_shard: Dict[str, List[str]] = collections.defaultdict(list)
+        for key in keys:
+            by_shard[self.weight_map[key]].append(key)
+        out: Dict[str, Any] = {}
+        for shard, items in sorted(by_shard.items()):
+            with reader.open_regular(shard, "shard", expect=self._identity[shard]) as f:
+                if self._is_safetensors(shard):
+                    out.update(self._headers[shard].read(f, items))
+                else:
+                    loaded = self._load_bin(f)
+                    out.update((k, loaded[k]) for k in items)
+        return out
 
 
 class SafetensorsFile(ShardedIndex):
@@ -262,8 +320,14 @@ class SafetensorsFile(ShardedIndex):
 
     def __init__(self, path: str, description: str) -> None:
         Layout.__init__(self, path, description)
-        self.weight_map = {k: path for k in read_safetensors_header(path)}
-        self._bin_cache = {}
+        with reader.open_regular(path, "safetensors file") as f:
+            header = reader.read_safetensors_header(f)
+        real = path
+        self.weight_map = {k: real for k in header.entries}
+        self._init_shards()
+        self._headers[real] = header
+        self._identity[real] = header.identity
+        self._meta.update(header.meta())
 
 
 # --- DCP ---------------------------------------------------------------------------------------
@@ -284,10 +348,35 @@ _DCP_METADATA_GLOBALS = (
     "pathlib.PureWindowsPath",
 )
 
+# Chunks per tensor beyond which the pairwise overlap test is replaced by the volume test alone
+# (DCP writes one chunk per rank and shard; thousands only on very large jobs).
+_PAIRWISE_CHUNKS = 2048
+
+
+class DCPMetadata:
+    """DCP's ``.metadata``, read once through the restricted unpickler and checked against the
+    directory: ``metadata`` (DCP's object), ``files`` (relative path -> identity)."""
+
+    __slots__ = ("directory", "metadata", "files")
+
+    def __init__(self, directory: str, metadata: Any, files: Dict[str, reader.Identity]) -> None:
+        self.directory = directory
+        self.metadata = metadata
+        self.files = files
+
 
 def read_dcp_metadata(directory: str) -> Any:
-    """DCP's ``.metadata`` through the restricted unpickler (DCP's metadata classes only)."""
-    path = os.path.join(directory, DCP_METADATA)
+    """DCP's ``.metadata`` through the restricted unpickler (DCP's metadata classes only), read
+    once through the one reader and checked (:func:`check_dcp_metadata`); returns DCP's
+    ``Metadata`` object. :func:`dcp_metadata` also returns what the check found."""
+    return dcp_metadata(directory).metadata
+
+
+def dcp_metadata(directory: str) -> DCPMetadata:
+    """Read, unpickle (restricted) and check a DCP directory's ``.metadata`` once."""
+    root = reader.Root(directory)
+    raw = root.read(DCP_METADATA, "DCP metadata", limit=reader.MAX_METADATA_BYTES)
+    path = os.path.join(root.path, DCP_METADATA)
     allowed = {}
     for name in _DCP_METADATA_GLOBALS:
         try:
@@ -296,36 +385,257 @@ def read_dcp_metadata(directory: str) -> Any:
             continue  # a class this torch's DCP does not have: no file of it needs it
     module = _unpickler.make_restricted_pickle_module(allowed)
     try:
-        with open(path, "rb") as fh:
-            return module.Unpickler(fh, encoding="utf-8").load()
+        metadata = module.Unpickler(io.BytesIO(raw), encoding="utf-8").load()
     except _unpickler.RefusedGlobal as exc:
-        from safetorch.errors import UnsafeCheckpointError
-
         raise UnsafeCheckpointError(
             f"refused to read the DCP metadata {path!r}: it references {exc.name!r}, which "
             "is not a DCP metadata class; nothing from the file was executed",
             (exc.name,),
         ) from None
-    except Exception as exc:
+    except Exception as exc:  # RecursionError, MemoryError and corrupt pickles included
         raise CheckpointError(
             f"cannot read the DCP metadata {path!r}: {type(exc).__name__}: {exc}"
-        ) from None
+        ) from exc
+    files = check_dcp_metadata(metadata, root, path)
+    return DCPMetadata(root.path, metadata, files)
 
 
-def _safe_reader(directory: str) -> Any:
+def _bad_dcp(path: str, why: str) -> CheckpointError:
+    return CheckpointError(f"the DCP metadata {path!r} is not valid: {why}")
+
+
+def _ints(value: Any, n: Optional[int] = None) -> bool:
+    try:
+        items = list(value)
+    except TypeError:
+        return False
+    return all(type(v) is int and v >= 0 for v in items) and (n is None or len(items) == n)
+
+
+def check_dcp_metadata(metadata: Any, root: reader.Root, path: str) -> Dict[str, reader.Identity]:
+    """Check everything DCP would trust in ``.metadata``: types, every record's file (inside
+    the directory, a regular file, the record within it), every tensor's chunks (in bounds,
+    not overlapping, covering the tensor), and a record for every chunk and bytes entry.
+    Returns the identity of each record file, for the reads to come. Linear in the metadata
+    (pairwise chunk overlap up to ``_PAIRWISE_CHUNKS`` chunks per tensor)."""
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
+
+    if not isinstance(metadata, Metadata):
+        raise _bad_dcp(path, f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    entries = getattr(metadata, "state_dict_metadata", None)
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(entries, dict) or not isinstance(storage, dict):
+        raise _bad_dcp(path, "state_dict_metadata or storage_data is not a dict")
+    files: Dict[str, reader.Identity] = {}
+    sizes: Dict[str, int] = {}
+    for index, info in storage.items():
+        if not isinstance(index, MetadataIndex):
+            raise _bad_dcp(path, f"a storage_data key is a {type(index).__name__}")
+        rel = getattr(info, "relative_path", None)
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not isinstance(rel, str) or type(offset) is not int or type(length) is not int:
+            raise _bad_dcp(path, f"record {index.fqn!r} has storage info {info!r:.120}")
+        if getattr(info, "transform_descriptors", None):
+            raise CheckpointError(
+                f"the DCP checkpoint {root.path!r} stores {index.fqn!r} with transforms "
+                f"{list(info.transform_descriptors)!r:.80} (a storage extension, e.g. "
+                "compression), which safetorch does not read; load it with the DCP planner "
+                "that wrote it, or re-save it without the extension"
+            )
+        if rel not in sizes:
+            with root.open(rel, "DCP record file") as f:
+                files[rel] = f.identity
+                sizes[rel] = f.size
+        if offset < 0 or length < 0 or offset + length > sizes[rel]:
+            raise _bad_dcp(
+                path,
+                f"record {index.fqn!r} claims bytes {offset}..{offset + length} of {rel!r}, "
+                f"which has {sizes[rel]} bytes (truncated or corrupt)",
+            )
+    for key, md in entries.items():
+        if not isinstance(key, str):
+            raise _bad_dcp(path, f"an entry key is a {type(key).__name__}, not a str")
+        if isinstance(md, BytesStorageMetadata):
+            if MetadataIndex(key) not in storage:
+                raise _bad_dcp(path, f"bytes entry {key!r} has no record")
+            continue
+        if not isinstance(md, TensorStorageMetadata):
+            raise _bad_dcp(path, f"entry {key!r} is a {type(md).__name__}")
+        size = md.size
+        dtype = getattr(getattr(md, "properties", None), "dtype", None)
+        if (
+            not isinstance(size, torch.Size)
+            or not _ints(size)
+            or not isinstance(dtype, torch.dtype)
+        ):
+            raise _bad_dcp(path, f"tensor {key!r} has size {size!r:.80} and dtype {dtype!r:.40}")
+        _check_chunks(key, md, size, storage, path)
+    return files
+
+
+def _check_chunks(
+    key: str, md: Any, size: torch.Size, storage: Mapping[Any, Any], path: str
+) -> None:
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    chunks = md.chunks
+    if not isinstance(chunks, list):
+        raise _bad_dcp(path, f"tensor {key!r} has chunks {chunks!r:.80}")
+    ndim = len(size)
+    boxes: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = []
+    volume = 0
+    for chunk in chunks:
+        offsets, lengths = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
+        if not _ints(offsets, ndim) or not _ints(lengths, ndim):
+            raise _bad_dcp(path, f"tensor {key!r} has a chunk {chunk!r:.120}")
+        lo, ln = tuple(offsets), tuple(lengths)
+        if any(o + n > d for o, n, d in zip(lo, ln, size)):
+            raise _bad_dcp(
+                path,
+                f"tensor {key!r} of size {list(size)} has a chunk at {list(lo)} "
+                f"of size {list(ln)} outside it",
+            )
+        if MetadataIndex(key, torch.Size(lo)) not in storage:
+            raise _bad_dcp(path, f"tensor {key!r}'s chunk at {list(lo)} has no record")
+        volume += math.prod(ln)
+        boxes.append((lo, ln))
+    if volume != math.prod(size):
+        raise CheckpointError(
+            f"the DCP checkpoint {os.path.dirname(path)!r} is incomplete: the chunks of "
+            f"{key!r} cover {volume} of its {math.prod(size)} elements (a shard is missing or "
+            "the metadata is corrupt); nothing was loaded from it"
+        )
+    if len(boxes) <= _PAIRWISE_CHUNKS:
+        for i, (a, an) in enumerate(boxes):
+            for b, bn in boxes[i + 1 :]:
+                if all(x < y + m and y < x + n for x, n, y, m in zip(a, an, b, bn)) and all(
+                    n and m for n, m in zip(an, bn)
+                ):
+                    raise _bad_dcp(
+                        path, f"tensor {key!r} has overlapping chunks at {list(a)} and {list(b)}"
+                    )
+
+
+def check_planner_data(
+    planner_data: Any, keys: Iterable[str], path: str
+) -> Dict[str, Tuple[Any, ...]]:
+    """DCP's ``planner_data`` (flat key -> original path) checked: each path a non-empty tuple of
+    str/int whose dotted join is its key (DCP's own flattening), keys of ``keys`` only."""
+    if not planner_data:
+        return {}
+    if not isinstance(planner_data, dict):
+        raise _bad_dcp(path, f"planner_data is a {type(planner_data).__name__}")
+    known = set(keys)
+    out: Dict[str, Tuple[Any, ...]] = {}
+    for key, parts in planner_data.items():
+        if key not in known:
+            continue
+        if (
+            not isinstance(parts, (tuple, list))
+            or not parts
+            or not all(type(p) in (str, int) for p in parts)
+            or ".".join(map(str, parts)) != key
+        ):
+            raise _bad_dcp(path, f"planner_data gives {key!r} the path {parts!r:.120}")
+        out[key] = tuple(parts)
+    return out
+
+
+def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
+    for dim, (offset, length) in enumerate(zip(offsets, lengths)):
+        if length < tensor.size(dim):
+            tensor = tensor.narrow(dim, offset, length)
+    return tensor
+
+
+def _record_object(data: bytes, where: str) -> Any:
+    from safetorch.checkpoint.loading import load_checked
+
+    return load_checked(io.BytesIO(data), where)
+
+
+def _safe_reader(checked: DCPMetadata, allow_bytes: bool) -> Any:
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.planner import LoadItemType
 
     class SafeReader(FileSystemReader):
-        """FileSystemReader whose metadata comes from the restricted unpickler."""
+        """DCP's file reader with every byte read by safetorch: the metadata checked once (no
+        second read), records through the one reader, tensor records through the restricted
+        unpickler (torch 2.0-2.5's reader ``torch.load``s them without weights_only), bytes
+        entries only where allowed, and then only through the restricted unpickler."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            metadata = read_dcp_metadata(directory)
+            metadata = checked.metadata
             storage_meta = getattr(metadata, "storage_meta", None)
             if storage_meta is not None and hasattr(self, "load_id"):
                 storage_meta.load_id = self.load_id
             return metadata
 
-    return SafeReader(directory)
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            from torch.futures import Future
+
+            storage = checked.metadata.storage_data
+            root = reader.Root(checked.directory)
+            per_file: Dict[str, List[Any]] = collections.defaultdict(list)
+            for item in plan.items:
+                per_file[storage[item.storage_index].relative_path].append(item)
+            for rel, items in per_file.items():
+                with root.open(rel, "DCP record file", expect=checked.files[rel]) as f:
+                    for req in items:
+                        info = storage[req.storage_index]
+                        data = f.pread(info.length, info.offset)
+                        where = f"{f.path!r} record {req.storage_index.fqn!r}"
+                        if req.type == LoadItemType.BYTE_IO:
+                            if not allow_bytes:
+                                raise UnsafeCheckpointError(
+                                    f"refused to read {where}: it is a pickled object and "
+                                    "the model's entry is a tensor; nothing was executed"
+                                )
+                            clean = io.BytesIO()
+                            torch.save(_record_object(data, where), clean)
+                            clean.seek(0)
+                            planner.load_bytes(req, clean)
+                            continue
+                        tensor = _record_object(data, where)
+                        if type(tensor) is not torch.Tensor:
+                            raise CheckpointError(
+                                f"{where} holds a {type(tensor).__name__}, not a tensor"
+                            )
+                        tensor = _narrow(tensor, req.storage_offsets, req.lengths)
+                        target = planner.resolve_tensor(req).detach()
+                        if target.size() != tensor.size() or target.dtype != tensor.dtype:
+                            raise CheckpointError(
+                                f"{where} holds a {tensor.dtype} tensor of size "
+                                f"{list(tensor.size())}; its metadata says {target.dtype} "
+                                f"{list(target.size())}"
+                            )
+                        target.copy_(tensor)
+                        planner.commit_tensor(req, target)
+            fut: Any = Future()
+            fut.set_result(None)
+            return fut
+
+    return SafeReader(checked.directory)
+
+
+class _ObjectPlanner:
+    """A DefaultLoadPlanner that keeps bytes entries as the objects the restricted unpickler
+    rebuilt (DCP's own ``load_bytes`` would ``torch.load`` them again)."""
+
+    @staticmethod
+    def make(sink: Dict[str, Any]) -> Any:
+        from torch.distributed.checkpoint import DefaultLoadPlanner
+
+        class ObjectPlanner(DefaultLoadPlanner):
+            def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+                sink[read_item.dest_index.fqn] = _record_object(value.getvalue(), "DCP bytes")
+
+        return ObjectPlanner()
 
 
 @contextlib.contextmanager
@@ -341,26 +651,64 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
-def dcp_load(state_dict: Dict[str, Any], directory: str, planner: Any = None) -> None:
-    """``torch.distributed.checkpoint.load`` (in place) with the safe metadata reader.
+def dcp_load(
+    state_dict: Dict[str, Any],
+    directory: str,
+    planner: Any = None,
+    *,
+    checked: Optional[DCPMetadata] = None,
+    allow_bytes: bool = True,
+) -> None:
+    """``torch.distributed.checkpoint.load`` (in place), driven only through safetorch's reader.
+
+    ``checked`` is the directory's metadata as read once (:func:`dcp_metadata`); without it,
+    it is read here. ``allow_bytes=False`` refuses every bytes entry (model loading: tensors
+    only). Every DCP failure, including its ``CheckpointException`` (a ``BaseException``), is
+    a ``CheckpointError`` naming the directory.
 
     torch 2.2+ has ``dcp.load``, which works without a process group; before it,
     ``dcp.load_state_dict`` needs ``no_dist=True`` when no group is initialized.
     """
     import torch.distributed.checkpoint as dcp
 
-    kwargs: Dict[str, Any] = {"storage_reader": _safe_reader(directory)}
+    if checked is None:
+        checked = dcp_metadata(directory)
+    kwargs: Dict[str, Any] = {"storage_reader": _safe_reader(checked, allow_bytes)}
     if planner is not None:
         kwargs["planner"] = planner
-    with _single_process_quiet():
-        if hasattr(dcp, "load"):
-            dcp.load(state_dict, **kwargs)
-        else:
-            from safetorch import _dist
+    try:
+        with _single_process_quiet():
+            if hasattr(dcp, "load"):
+                dcp.load(state_dict, **kwargs)
+            else:
+                from safetorch import _dist
 
-            if not _dist.initialized():
-                kwargs["no_dist"] = True
-            dcp.load_state_dict(state_dict, **kwargs)
+                if not _dist.initialized():
+                    kwargs["no_dist"] = True
+                dcp.load_state_dict(state_dict, **kwargs)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        inner = _dcp_cause(exc)
+        if isinstance(inner, CheckpointError):
+            raise inner.with_traceback(None) from exc
+        raise CheckpointError(
+            f"cannot load the DCP checkpoint {directory!r}: {type(inner).__name__}: "
+            f"{str(inner).strip().splitlines()[0] if str(inner).strip() else ''}"
+        ) from exc
+
+
+def _dcp_cause(exc: BaseException) -> BaseException:
+    """The first rank's original error inside DCP's CheckpointException, else ``exc``."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        for value in failures.values():
+            if isinstance(value, BaseException):
+                return value
+            inner = getattr(value, "exception", None)  # torch's _WrappedException
+            if isinstance(inner, BaseException):
+                return inner
+    return exc
 
 
 class DCPDirectory(Layout):
@@ -376,7 +724,8 @@ class DCPDirectory(Layout):
                 f"(this is torch {torch.__version__}); convert it to one file with "
                 "`safetorch ckpt convert DIR model.pt` on a newer torch"
             )
-        self.metadata = read_dcp_metadata(path)
+        self.checked = dcp_metadata(path)
+        self.metadata = self.checked.metadata
 
     def files(self) -> List[str]:
         return sorted(
@@ -393,11 +742,52 @@ class DCPDirectory(Layout):
             if isinstance(md, TensorStorageMetadata):
                 out[key] = _meta(md.size, md.properties.dtype)
             else:
-                out[key] = "<bytes>"  # a pickled value: never read by model loading
+                out[key] = BytesEntry(key)  # a pickled value: read only when asked, restricted
         return out
 
+    def paths(self) -> Dict[str, Tuple[Any, ...]]:
+        """DCP's own flattening (flat key -> original path), checked."""
+        return check_planner_data(
+            getattr(self.metadata, "planner_data", None),
+            self.metadata.state_dict_metadata,
+            os.path.join(self.path, DCP_METADATA),
+        )
+
     def meta_view(self) -> Any:
-        return nest_flat_keys(self.flat_meta())
+        return nest_flat_keys(self.flat_meta(), self.paths())
+
+    def _nbytes(self, key: str) -> int:
+        md = self.metadata.state_dict_metadata.get(key)
+        size = getattr(md, "size", None)
+        if not isinstance(size, torch.Size):
+            return 0
+        return math.prod(size) * torch.empty((), dtype=md.properties.dtype).element_size()
+
+    def read(self, keys: List[str], allow_bytes: bool = True) -> Dict[str, Any]:
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        entries = self.metadata.state_dict_metadata
+        tensors: Dict[str, Any] = {}
+        objects: Dict[str, Any] = {}
+        for key in keys:
+            md = entries[key]
+            if isinstance(md, TensorStorageMetadata):
+                tensors[key] = torch.empty(md.size, dtype=md.properties.dtype)
+            elif allow_bytes:
+                objects[key] = None
+        if not allow_bytes and len(tensors) != len(keys):
+            bad = [k for k in keys if k not in tensors]
+            raise UnsafeCheckpointError(
+                f"refused to read {bad[:3]} from {self.path!r}: pickled objects where tensors "
+                "are expected; nothing was executed"
+            )
+        if tensors:
+            dcp_load(tensors, self.path, checked=self.checked, allow_bytes=False)
+        if objects:
+            sink: Dict[str, Any] = {}
+            dcp_load(dict(objects), self.path, _ObjectPlanner.make(sink), checked=self.checked)
+            objects = {k: sink[k] for k in objects}
+        return {k: tensors[k] if k in tensors else objects[k] for k in keys}
 
     def load_into(
         self,
@@ -405,11 +795,31 @@ class DCPDirectory(Layout):
         pairs: List[Tuple[str, str]],
         apply: Callable[[Dict[str, Any]], None],
     ) -> None:
-        # In place into the model's own tensors (DTensor shards included): DCP reads and
-        # reshards each chunk into its destination, so peak memory stays near one chunk.
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
         targets = model.state_dict(keep_vars=True)
-        dest = {source: targets[target].detach() for target, source in pairs}
-        dcp_load(dest, self.path)
+        entries = self.metadata.state_dict_metadata
+        refused = [
+            s
+            for t, s in pairs
+            if torch.is_tensor(targets.get(t)) and not isinstance(entries[s], TensorStorageMetadata)
+        ]
+        if refused:
+            raise UnsafeCheckpointError(
+                f"refused to load {refused[:3]} from the DCP checkpoint {self.path!r}: the "
+                "checkpoint stores pickled objects where the model has tensors (DCP would "
+                "unpickle them with weights_only=False); nothing was executed or loaded"
+            )
+        sharded = [(t, s) for t, s in pairs if type(targets[t]).__name__ == "DTensor"]
+        if sharded:
+            # In place into DTensor shards: DCP reads and reshards each chunk into its
+            # destination (load hooks do not run for these; the values are DCP's).
+            dest = {s: targets[t].detach() for t, s in sharded}
+            dcp_load(dest, self.path, checked=self.checked, allow_bytes=False)
+        plain = [(t, s) for t, s in pairs if type(targets[t]).__name__ != "DTensor"]
+        for batch in _batches(plain, self._nbytes):
+            values = self.read([s for _, s in batch])
+            apply({t: values[s] for t, s in batch})
 
 
 # --- resolution --------------------------------------------------------------------------------
@@ -479,28 +889,14 @@ class FileLayout(Layout):
 def dcp_to_object(directory: str) -> Any:
     """The whole content of a DCP directory as the nested object it was saved from.
 
-    Tensors are allocated on the CPU and filled by DCP; byte entries are loaded weights-only.
-    The nesting comes from DCP's own ``planner_data`` (flattened key -> original path) where
-    it is present, else from the first key segment.
+    Tensors are allocated on the CPU and filled through safetorch's reader; byte entries are
+    rebuilt by the restricted unpickler. The nesting comes from DCP's own ``planner_data``
+    (flattened key -> original path, checked against DCP's flattening) where it is present,
+    else from the first key segment.
     """
-    from safetorch.checkpoint.state import _safe_planner
-
     dcp_dir = DCPDirectory(directory, directory)
-    flat: Dict[str, Any] = {}
-    for key, value in dcp_dir.flat_meta().items():
-        flat[key] = torch.empty(value.shape, dtype=value.dtype) if torch.is_tensor(value) else None
-    dcp_load(flat, directory, planner=_safe_planner())
-    paths = getattr(dcp_dir.metadata, "planner_data", None) or {}
-    if not paths:
-        return nest_flat_keys(flat)
-    out: Dict[Any, Any] = {}
-    for key, value in flat.items():
-        path = paths.get(key, (key,))
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = value
-    return out
+    flat = dcp_dir.read(list(dcp_dir.metadata.state_dict_metadata))
+    return nest_flat_keys(flat, dcp_dir.paths())
 
 
 def save_dcp(obj: Mapping[str, Any], directory: str) -> None:

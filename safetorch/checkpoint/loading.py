@@ -429,6 +429,7 @@ def _load(
     allow: Iterable[Any],
     encoding: str,
     mmap_for_copy: bool,
+    display: Optional[str] = None,
 ) -> Any:
     _check_file_argument(f)
     if weights_only not in (None, True, False):
@@ -441,7 +442,7 @@ def _load(
     if pickle_module is pickle:
         pickle_module = None  # the standard module: torch's default; load it weights-only
     safe = weights_only is not False
-    name = _display(f)
+    name = display or _display(f)
     if pickle_module is not None and safe:
         raise ValueError(
             f"st.load({name}, pickle_module={getattr(pickle_module, '__name__', pickle_module)})"
@@ -549,6 +550,22 @@ def _load(
         return _wrap_failures(name, lambda: _load_torch_weights_only(src, map_location, use_mmap))
     return _wrap_failures(
         name, lambda: _load_restricted(src, map_location, use_mmap, extra, encoding)
+    )
+
+
+def load_checked(f: IO[bytes], display: str) -> Any:
+    """Weights-only load of an open binary file (one the checkpoint reader opened, or a record's
+    bytes), read into memory, never mapped, onto the CPU; failures name ``display``."""
+    return _load(
+        f,
+        "cpu",
+        None,
+        weights_only=True,
+        mmap=False,
+        allow=(),
+        encoding="utf-8",
+        mmap_for_copy=False,
+        display=display,
     )
 
 

@@ -10,6 +10,7 @@ import collections
 import logging
 from typing import (
     Any,
+    Callable,
     Dict,
     Iterable,
     List,
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from safetorch import _compat
-from safetorch.checkpoint import layouts
+from safetorch.checkpoint import layouts, reader
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
     canonical_key,
@@ -36,10 +37,12 @@ from safetorch.checkpoint.loading import (
     FileLike,
     _is_path,
     _load,
+    load_checked,
 )
 from safetorch.checkpoint.report import LoadReport
 from safetorch.checkpoint.state import STATE_FORMAT
 from safetorch.errors import (
+    CheckpointError,
     CheckpointMismatchError,
 )
 
@@ -68,7 +71,9 @@ def _shape_mismatch(value: Any, param: Any) -> bool:
 
 
 def _split_n_averaged(
-    state_dict: Mapping[str, Any], target_keys: Iterable[str]
+    state_dict: Mapping[str, Any],
+    target_keys: Iterable[str],
+    read: Optional[Callable[[str], Any]] = None,
 ) -> Tuple[Mapping[str, Any], Optional[int]]:
     """Take AveragedModel's counter out of a checkpoint bound for a model without one."""
     if any(canonical_key(k) == N_AVERAGED for k in target_keys):
@@ -83,7 +88,15 @@ def _split_n_averaged(
     meta = getattr(state_dict, "_metadata", None)
     if meta is not None:
         rest._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
-    return rest, int(value.item()) if isinstance(value, torch.Tensor) else int(value)
+    if read is not None and isinstance(value, torch.Tensor) and value.is_meta:
+        value = read(found[0])  # a layout's meta view: read the one counter
+    try:
+        return rest, int(value.item()) if isinstance(value, torch.Tensor) else int(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"the checkpoint's AveragedModel counter {found[0]!r} is {value!r:.80}, not a "
+            "one-element number"
+        ) from exc
 
 
 def load_state_dict(
@@ -170,15 +183,17 @@ def load_state_dict(
     elif isinstance(source, Mapping):
         obj = source
     else:
-        # Storages may be memory-mapped here (zip files by path, uncompressed, torch >= 2.1):
-        # the in-place copy into the model below happens before this call returns. Not with
-        # assign=True, where the model would keep the mapped tensors.
-        obj = load_for_copy(source, may_map=not assign)
+        # Read through the one reader, never memory-mapped (see load_for_copy).
+        obj = load_for_copy(source)
     if isinstance(obj, Mapping) and obj.get("__safetorch__") == STATE_FORMAT:
         obj = obj["objects"]  # a st.save_state file: the models' state dicts are in there
     state_dict, source_key = find_state_dict(obj, key)
     target = model.state_dict(keep_vars=True)
-    state_dict, n_averaged = _split_n_averaged(state_dict, target.keys())
+    read = None
+    if layout is not None:
+        full = f"{source_key}." if source_key else ""
+        read = lambda k: layout.read([full + k])[full + k]  # noqa: E731 - one use, below
+    state_dict, n_averaged = _split_n_averaged(state_dict, target.keys(), read)
     # Plain weights into an AveragedModel: its counter keeps its value rather than being missing.
     source_has_counter = any(canonical_key(k) == N_AVERAGED for k in state_dict)
     target_keys = [k for k in target if source_has_counter or canonical_key(k) != N_AVERAGED]
@@ -265,16 +280,23 @@ def _load_from_layout(
         raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
 
 
-def load_for_copy(source: Any, may_map: bool = True) -> Any:
-    """Weights-only load whose tensors the caller copies before it returns, so the file may be
-    memory-mapped (``may_map``); used by ``load_state_dict`` and for ``.bin`` shards."""
-    return _load(
-        source,
-        "cpu",
-        None,
-        weights_only=True,
-        mmap=None,
-        allow=(),
-        encoding="utf-8",
-        mmap_for_copy=may_map,
-    )
+def load_for_copy(source: Any) -> Any:
+    """Weights-only load of a checkpoint whose tensors the caller copies before it returns.
+
+    A path is opened once through the checkpoint reader (a regular file, never a FIFO) and
+    read, not memory-mapped: a file truncated or rewritten during the call gives a
+    ``CheckpointError`` or the old bytes, never ``SIGBUS`` or garbage.
+    """
+    if not _is_path(source):
+        return _load(
+            source,
+            "cpu",
+            None,
+            weights_only=True,
+            mmap=False,
+            allow=(),
+            encoding="utf-8",
+            mmap_for_copy=False,
+        )
+    with reader.open_regular(source, "checkpoint") as f:
+        return load_checked(f.fh, repr(f.path))

@@ -1,0 +1,366 @@
+"""The one reader: every file a checkpoint layout, ``st.load_state`` or ``safetorch ckpt`` opens.
+
+A multi-file checkpoint names its own files (a shard index's ``weight_map``, DCP's
+``relative_path``): those names are untrusted input. Every such file is opened here, and only
+here, under one policy:
+
+* **Inside the root.** A name is resolved inside the checkpoint's root directory: no absolute
+  path, no drive, no ``..`` component, no NUL. Symlinks are followed only where their target
+  stays inside the root, or, for a root inside a Hugging Face cache snapshot
+  (``.../snapshots/<revision>/``), inside that repository's ``blobs/`` folder (the layout
+  ``huggingface_hub`` writes and transformers reads). The path the user passed is theirs: it
+  may itself be a symlink anywhere.
+* **A regular file.** Opened without blocking (``O_NONBLOCK``) and checked with ``fstat``
+  on the open descriptor: a FIFO, a socket, a device or a directory is refused at once
+  instead of hanging or reading forever.
+* **Bounded.** Metadata (DCP ``.metadata``, index JSON, a safetensors header) is read up to
+  a size limit and parsed once; the parsed form is handed on, never read again.
+* **The same file.** A file opened again later (a shard read after its header was checked)
+  must be the one checked: same device, inode, size and modification time, else
+  :class:`~safetorch.errors.CheckpointError` ("changed while it was being read").
+* **Read, never mapped.** Tensor bytes are read with ``pread`` (short reads are a truncated
+  file, a ``CheckpointError``), so a file truncated or rewritten during the call gives an
+  error or the old bytes, never ``SIGBUS``.
+
+>>> import os, tempfile
+>>> root = Root(tempfile.mkdtemp())
+>>> with open(os.path.join(root.path, "a.json"), "w") as fh:
+...     _ = fh.write("{}")
+>>> root.read("a.json", "index", limit=1024)
+b'{}'
+>>> try:
+...     root.resolve("../etc/passwd", "shard")
+... except CheckpointError as exc:
+...     print(type(exc).__name__)
+CheckpointError
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import stat
+from typing import IO, Any, Dict, List, Optional, Tuple
+
+import torch
+
+from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
+
+__all__: List[str] = []  # private: used by safetorch.checkpoint's layouts, state and cli
+
+MAX_METADATA_BYTES = 1 << 30  # DCP .metadata: 1 GiB (a model of millions of tensors fits)
+MAX_JSON_BYTES = 256 << 20  # an index or config JSON
+MAX_SAFETENSORS_HEADER = 100_000_000  # safetensors' own limit
+
+_O_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_O_FLAGS |= getattr(os, "O_BINARY", 0)
+
+Identity = Tuple[int, int, int, int]
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def identity(st: os.stat_result) -> Identity:
+    """What makes an open file the one that was checked (device, inode, size, mtime)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class RegularFile:
+    """An open regular file: ``fh`` (a buffered binary reader named by its path), ``size``,
+    ``identity``; ``pread(n, offset)`` reads exactly ``n`` bytes or raises."""
+
+    __slots__ = ("path", "what", "fh", "size", "identity")
+
+    def __init__(self, path: str, what: str, expect: Optional[Identity] = None) -> None:
+        self.path = path
+        self.what = what
+        try:
+            fd = os.open(path, _O_FLAGS)
+        except FileNotFoundError:
+            raise CheckpointFileNotFoundError(f"{what} {path!r} does not exist") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot open {what} {path!r}: {exc.strerror or exc}") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(
+                    f"{what} {path!r} is {_kind(st.st_mode)}, not a regular file; a checkpoint "
+                    "is read only from regular files"
+                )
+            if expect is not None and identity(st) != expect:
+                raise CheckpointError(
+                    f"{what} {path!r} changed while the checkpoint was being read (its size, "
+                    "inode or modification time differ from when it was checked); load it "
+                    "again once nothing is writing it"
+                )
+            raw = io.FileIO(fd, "rb", closefd=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        raw.name = path  # type: ignore[misc]  # FileIO.name is writable (open() sets it so)
+        self.fh: IO[bytes] = io.BufferedReader(raw)
+        self.size = st.st_size
+        self.identity = identity(st)
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """Exactly ``n`` bytes at ``offset`` (a short read is a truncated file)."""
+        if n < 0 or offset < 0 or offset + n > self.size:
+            raise CheckpointError(
+                f"{self.what} {self.path!r}: a record at bytes {offset}..{offset + n} lies "
+                f"outside the file ({self.size} bytes); the checkpoint is truncated or corrupt"
+            )
+        fd = self.fh.fileno()
+        parts: List[bytes] = []
+        got = 0
+        while got < n:
+            chunk = os.pread(fd, min(n - got, 1 << 30), offset + got)
+            if not chunk:
+                raise CheckpointError(
+                    f"{self.what} {self.path!r} was truncated while it was being read "
+                    f"({offset + got} of the {offset + n} bytes needed are there)"
+                )
+            parts.append(chunk)
+            got += len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def read_all(self, limit: int) -> bytes:
+        """The whole file, refusing one larger than ``limit`` bytes."""
+        if self.size > limit:
+            raise CheckpointError(
+                f"{self.what} {self.path!r} is {self.size} bytes, more than the {limit} a "
+                f"{self.what} may take; it is not a valid {self.what}"
+            )
+        data = self.fh.read(limit + 1)
+        if len(data) > limit:
+            raise CheckpointError(f"{self.what} {self.path!r} grew while it was being read")
+        return data
+
+    def close(self) -> None:
+        self.fh.close()
+
+    def __enter__(self) -> "RegularFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_regular(path: Any, what: str, expect: Optional[Identity] = None) -> RegularFile:
+    """Open ``path`` (the user's own path: symlinks followed) as a regular file, never blocking.
+
+    >>> import tempfile
+    >>> with open_regular(tempfile.mkstemp()[1], "checkpoint") as f:
+    ...     f.size
+    0
+    """
+    return RegularFile(os.fsdecode(os.fspath(path)), what, expect)
+
+
+def _within(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # different drives
+        return False
+
+
+class Root:
+    """A checkpoint's root directory, inside which the names the checkpoint holds resolve."""
+
+    def __init__(self, directory: Any) -> None:
+        self.path = os.path.abspath(os.fsdecode(os.fspath(directory)))
+        self.real = os.path.realpath(self.path)
+        self.allowed = [self.real]
+        # huggingface_hub's cache: <repo>/snapshots/<revision>/<file> -> ../../blobs/<hash>
+        parent = os.path.dirname(self.real)
+        if os.path.basename(parent) == "snapshots":
+            self.allowed.append(os.path.join(os.path.dirname(parent), "blobs"))
+
+    def resolve(self, name: Any, what: str) -> str:
+        """The real path of ``name`` inside the root; a ``CheckpointError`` for any name that
+        would leave it (absolute, ``..``, a symlink pointing outside)."""
+        if not isinstance(name, str) or not name or "\x00" in name:
+            raise CheckpointError(
+                f"{what} {name!r} in {self.path!r} is not a file name (expected a non-empty "
+                "string naming a file inside the checkpoint directory)"
+            )
+        parts = name.replace("\\", "/").split("/")
+        if os.path.isabs(name) or name.startswith(("/", "\\")) or os.path.splitdrive(name)[0]:
+            raise CheckpointError(
+                f"{what} {name!r} in {self.path!r} is an absolute path; a checkpoint may only "
+                "name files inside its own directory"
+            )
+        if ".." in parts:
+            raise CheckpointError(
+                f"{what} {name!r} in {self.path!r} points outside the checkpoint directory "
+                "('..'); a checkpoint may only name files inside its own directory"
+            )
+        real = os.path.realpath(os.path.join(self.path, name))
+        if not any(_within(real, root) for root in self.allowed):
+            raise CheckpointError(
+                f"{what} {name!r} in {self.path!r} is a symlink to {real!r}, outside the "
+                "checkpoint directory; only links inside it (or into a Hugging Face cache's "
+                "blobs/) are followed"
+            )
+        return real
+
+    def open(self, name: Any, what: str, expect: Optional[Identity] = None) -> RegularFile:
+        """Open the file ``name`` names inside the root (see :meth:`resolve`)."""
+        return RegularFile(self.resolve(name, what), what, expect)
+
+    def read(self, name: Any, what: str, limit: int) -> bytes:
+        """The bytes of a small file inside the root (metadata, JSON), read once."""
+        with self.open(name, what) as f:
+            return f.read_all(limit)
+
+
+def read_json(path: Any, what: str, expected: str = "", limit: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file (the user's own path) through the reader: regular, bounded, parsed once;
+    ``expected`` describes the form a user should give (for the error)."""
+    with open_regular(path, what) as f:
+        data = f.read_all(limit)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise CheckpointError(
+            f"{what} {f.path!r} is not valid JSON ({exc}){'; expected ' + expected if expected else ''}"
+        ) from None
+
+
+# --- safetensors: one header parser, one dtype table --------------------------------------------
+def _dtypes() -> Dict[str, torch.dtype]:
+    table = {
+        "F64": "float64",
+        "F32": "float32",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "I64": "int64",
+        "I32": "int32",
+        "I16": "int16",
+        "I8": "int8",
+        "U8": "uint8",
+        "BOOL": "bool",
+        "U16": "uint16",  # torch 2.3+
+        "U32": "uint32",
+        "U64": "uint64",
+        "F8_E4M3": "float8_e4m3fn",  # torch 2.1+
+        "F8_E5M2": "float8_e5m2",
+        "C64": "complex64",
+    }
+    return {k: getattr(torch, v) for k, v in table.items() if hasattr(torch, v)}
+
+
+SAFETENSORS_DTYPES = _dtypes()
+
+
+class SafetensorsHeader:
+    """A checked safetensors header: ``entries`` (key -> (dtype, shape, begin, end)), the data
+    section's start, and the identity of the file it was read from."""
+
+    __slots__ = ("path", "entries", "data_start", "identity", "metadata")
+
+    def __init__(
+        self,
+        path: str,
+        entries: Dict[str, Tuple[torch.dtype, Tuple[int, ...], int, int]],
+        data_start: int,
+        ident: Identity,
+        metadata: Dict[str, Any],
+    ) -> None:
+        self.path = path
+        self.entries = entries
+        self.data_start = data_start
+        self.identity = ident
+        self.metadata = metadata
+
+    def meta(self) -> Dict[str, torch.Tensor]:
+        """``{key: meta tensor}``: shapes and dtypes, no data."""
+        return {
+            k: torch.empty(shape, dtype=dtype, device="meta")
+            for k, (dtype, shape, _, _) in self.entries.items()
+        }
+
+    def read(self, f: RegularFile, keys: List[str]) -> Dict[str, torch.Tensor]:
+        """The tensors ``keys`` from the open file ``f`` (the same file: checked by identity)."""
+        out: Dict[str, torch.Tensor] = {}
+        for key in keys:
+            dtype, shape, begin, end = self.entries[key]
+            if end == begin:
+                out[key] = torch.empty(shape, dtype=dtype)
+                continue
+            data = bytearray(f.pread(end - begin, self.data_start + begin))
+            out[key] = torch.frombuffer(data, dtype=dtype).reshape(shape)
+        return out
+
+
+def _bad(path: str, why: str) -> CheckpointError:
+    return CheckpointError(f"{path!r} is not a valid safetensors file: {why}")
+
+
+def read_safetensors_header(f: RegularFile) -> SafetensorsHeader:
+    """Parse and check a safetensors header as the safetensors library validates it: an 8-byte
+    length, a JSON object, every tensor a known dtype and a shape whose byte size equals its
+    ``data_offsets``, the offsets contiguous from 0 and covering the data section exactly."""
+    path = f.path
+    if f.size < 8:
+        raise _bad(path, "shorter than 8 bytes")
+    n = int.from_bytes(f.pread(8, 0), "little")
+    if n > MAX_SAFETENSORS_HEADER or n < 2 or 8 + n > f.size:
+        raise _bad(path, f"header size {n} (the file has {f.size} bytes)")
+    try:
+        header = json.loads(f.pread(n, 8).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _bad(path, f"corrupt JSON header ({exc})") from None
+    if not isinstance(header, dict):
+        raise _bad(path, f"the header is a JSON {type(header).__name__}, not an object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise _bad(path, "__metadata__ is not an object")
+    data_len = f.size - 8 - n
+    entries: Dict[str, Tuple[torch.dtype, Tuple[int, ...], int, int]] = {}
+    for key, info in header.items():
+        if not isinstance(info, dict):
+            raise _bad(path, f"tensor {key!r} has entry {info!r:.80}, not an object")
+        dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))  # type: ignore[arg-type]  # a non-str dtype is simply not found
+        if dtype is None:
+            raise _bad(path, f"tensor {key!r} has unsupported dtype {info.get('dtype')!r:.40}")
+        shape = info.get("shape")
+        offsets = info.get("data_offsets")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise _bad(path, f"tensor {key!r} has shape {shape!r:.80}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_len
+        ):
+            raise _bad(
+                path, f"tensor {key!r} has data_offsets {offsets!r:.80} (data: {data_len} bytes)"
+            )
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if offsets[1] - offsets[0] != nbytes:
+            raise _bad(
+                path,
+                f"tensor {key!r} of shape {shape} and dtype {info['dtype']} needs {nbytes} "
+                f"bytes, its data_offsets give {offsets[1] - offsets[0]}",
+            )
+        entries[key] = (dtype, tuple(shape), offsets[0], offsets[1])
+    end = 0
+    for _, _, begin, stop in sorted(entries.values(), key=lambda e: (e[2], e[3])):
+        if begin != end:
+            raise _bad(path, f"tensor data overlaps or leaves a gap at byte {begin}")
+        end = stop
+    if end != data_len:
+        raise _bad(path, f"the tensors cover {end} of the {data_len} data bytes")
+    return SafetensorsHeader(path, entries, 8 + n, f.identity, metadata)
