@@ -493,7 +493,7 @@ def _check_chunks(
         offsets, lengths = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
         if not _ints(offsets, ndim) or not _ints(lengths, ndim):
             raise _bad_dcp(path, f"tensor {key!r} has a chunk {chunk!r:.120}")
-        lo, ln = tuple(offsets), tuple(lengths)
+        lo, ln = tuple(offsets or ()), tuple(lengths or ())
         if any(o + n > d for o, n, d in zip(lo, ln, size)):
             raise _bad_dcp(
                 path,
@@ -763,23 +763,35 @@ class DCPDirectory(Layout):
             return 0
         return math.prod(size) * torch.empty((), dtype=md.properties.dtype).element_size()
 
+    def _flat_keys(self, key: str) -> List[str]:
+        """The flat DCP keys a (possibly nested) source key stands for: itself, or the
+        entries DCP flattened out of a dict saved under it (a dict extra state)."""
+        entries = self.metadata.state_dict_metadata
+        if key in entries:
+            return [key]
+        inner = [k for k in entries if k.startswith(key + ".")]
+        if not inner:
+            raise CheckpointError(f"the DCP checkpoint {self.path!r} has no entry {key!r}")
+        return inner
+
     def read(self, keys: List[str], allow_bytes: bool = True) -> Dict[str, Any]:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         entries = self.metadata.state_dict_metadata
+        flat_of = {key: self._flat_keys(key) for key in keys}
         tensors: Dict[str, Any] = {}
         objects: Dict[str, Any] = {}
-        for key in keys:
-            md = entries[key]
-            if isinstance(md, TensorStorageMetadata):
-                tensors[key] = torch.empty(md.size, dtype=md.properties.dtype)
-            elif allow_bytes:
-                objects[key] = None
-        if not allow_bytes and len(tensors) != len(keys):
-            bad = [k for k in keys if k not in tensors]
+        for flat in flat_of.values():
+            for key in flat:
+                md = entries[key]
+                if isinstance(md, TensorStorageMetadata):
+                    tensors[key] = torch.empty(md.size, dtype=md.properties.dtype)
+                else:
+                    objects[key] = None
+        if objects and not allow_bytes:
             raise UnsafeCheckpointError(
-                f"refused to read {bad[:3]} from {self.path!r}: pickled objects where tensors "
-                "are expected; nothing was executed"
+                f"refused to read {sorted(objects)[:3]} from {self.path!r}: pickled objects "
+                "where tensors are expected; nothing was executed"
             )
         if tensors:
             dcp_load(tensors, self.path, checked=self.checked, allow_bytes=False)
@@ -787,7 +799,27 @@ class DCPDirectory(Layout):
             sink: Dict[str, Any] = {}
             dcp_load(dict(objects), self.path, _ObjectPlanner.make(sink), checked=self.checked)
             objects = {k: sink[k] for k in objects}
-        return {k: tensors[k] if k in tensors else objects[k] for k in keys}
+        values = {**tensors, **objects}
+        paths = self.paths()
+        out: Dict[str, Any] = {}
+        for key, flat in flat_of.items():
+            if flat == [key]:
+                out[key] = values[key]
+                continue
+            depth = len(key.split("."))
+            rel: Dict[str, Any] = {}
+            for k in flat:
+                parts = paths.get(k)
+                if parts is not None:  # DCP's own path; drop the components that spell key
+                    for i in range(1, len(parts)):
+                        if ".".join(map(str, parts[:i])) == key:
+                            depth = i
+                            break
+                    rel[k] = tuple(parts[depth:])
+                else:
+                    rel[k] = tuple(k[len(key) + 1 :].split("."))
+            out[key] = nest_flat_keys({k: values[k] for k in flat}, rel)
+        return out
 
     def load_into(
         self,
@@ -802,7 +834,8 @@ class DCPDirectory(Layout):
         refused = [
             s
             for t, s in pairs
-            if torch.is_tensor(targets.get(t)) and not isinstance(entries[s], TensorStorageMetadata)
+            if torch.is_tensor(targets.get(t))
+            and not isinstance(entries.get(s), TensorStorageMetadata)
         ]
         if refused:
             raise UnsafeCheckpointError(

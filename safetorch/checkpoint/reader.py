@@ -109,7 +109,7 @@ class RegularFile:
         except BaseException:
             os.close(fd)
             raise
-        raw.name = path  # type: ignore[misc]  # FileIO.name is writable (open() sets it so)
+        raw.name = path  # FileIO.name is writable (open() sets it so)
         self.fh: IO[bytes] = io.BufferedReader(raw)
         self.size = st.st_size
         self.identity = identity(st)
