@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from safetorch import _compat
-from safetorch.checkpoint import layouts, reader
+from safetorch.checkpoint import layouts, reader, torchfile
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
     canonical_key,
@@ -183,8 +183,32 @@ def load_state_dict(
     elif isinstance(source, Mapping):
         obj = source
     else:
-        # Read through the one reader, never memory-mapped (see load_for_copy).
+        # One torch.save file: its meta view first, then only the matched bytes, read with
+        # pread (torchfile.py); files that path does not cover are read whole by st.load.
+        # Never memory-mapped: a file truncated during the call is an error, not SIGBUS.
+        tfile = torchfile.TorchFile.open(source) if _is_path(source) and not assign else None
+        if tfile is not None:
+            try:
+                return _load_state_dict(
+                    model, tfile.view, key, strict, assign, prefix, None, picked, tfile
+                )
+            finally:
+                tfile.close()
         obj = load_for_copy(source)
+    return _load_state_dict(model, obj, key, strict, assign, prefix, layout, picked, None)
+
+
+def _load_state_dict(
+    model: nn.Module,
+    obj: Any,
+    key: Optional[str],
+    strict: bool,
+    assign: Optional[bool],
+    prefix: Optional[str],
+    layout: Any,
+    picked: Optional[str],
+    tfile: Optional["torchfile.TorchFile"],
+) -> LoadReport:
     if isinstance(obj, Mapping) and obj.get("__safetorch__") == STATE_FORMAT:
         obj = obj["objects"]  # a st.save_state file: the models' state dicts are in there
     state_dict, source_key = find_state_dict(obj, key)
@@ -193,6 +217,8 @@ def load_state_dict(
     if layout is not None:
         full = f"{source_key}." if source_key else ""
         read = lambda k: layout.read([full + k])[full + k]  # noqa: E731 - one use, below
+    elif tfile is not None:
+        read = lambda k: tfile.materialize(state_dict[k])  # noqa: E731 - one use, below
     state_dict, n_averaged = _split_n_averaged(state_dict, target.keys(), read)
     # Plain weights into an AveragedModel: its counter keeps its value rather than being missing.
     source_has_counter = any(canonical_key(k) == N_AVERAGED for k in state_dict)
@@ -241,7 +267,10 @@ def load_state_dict(
         _load_from_layout(model, layout, to_load, source_of, source_key, report, kwargs)
         logger.debug("%s", report)
         return report
-    result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
+    if tfile is not None:
+        result = _load_in_batches(model, tfile, to_load, kwargs)
+    else:
+        result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
     # torch is the final word: a load hook may have consumed or rejected keys.
     kept = set(target) - set(target_keys)  # AveragedModel's counter, kept on purpose
     skipped = {k for k, _, _ in mismatched}
@@ -254,6 +283,82 @@ def load_state_dict(
         raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
     logger.debug("%s", report)
     return report
+
+
+class _Keys:
+    """What ``Module.load_state_dict`` reports over several batches: a key is missing when no
+    batch loaded it, unexpected when any batch found no place for it."""
+
+    def __init__(self) -> None:
+        self.missing_keys: Optional[Any] = None
+        self.unexpected_keys: List[str] = []
+
+
+def _load_in_batches(
+    model: nn.Module,
+    tfile: "torchfile.TorchFile",
+    to_load: Mapping[str, Any],
+    kwargs: Dict[str, Any],
+) -> Any:
+    keys = _Keys()
+    meta = getattr(to_load, "_metadata", None)
+
+    def apply(batch: Dict[str, Any]) -> None:
+        ordered: "collections.OrderedDict[str, Any]" = collections.OrderedDict(batch)
+        if meta is not None:
+            ordered._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
+        result = _module_load_state_dict(model, ordered, strict=False, **kwargs)
+        missing = set(result.missing_keys)
+        keys.missing_keys = missing if keys.missing_keys is None else keys.missing_keys & missing
+        keys.unexpected_keys.extend(
+            k for k in result.unexpected_keys if k not in keys.unexpected_keys
+        )
+
+    direct = _direct_targets(model, to_load)
+    tfile.load_values(to_load, apply, direct=direct)
+    for k in direct:  # read straight into the model: loaded, as torch would have said
+        if keys.missing_keys is not None:
+            keys.missing_keys.discard(k)
+    order = list(model.state_dict())
+    if keys.missing_keys is None and direct:
+        keys.missing_keys = set(order) - set(direct)
+    if keys.missing_keys is None:  # nothing to load: torch would call it all missing
+        keys.missing_keys = set(order)
+    keys.missing_keys = [k for k in order if k in keys.missing_keys]  # in model order, as torch
+    return keys
+
+
+def _direct_targets(model: nn.Module, to_load: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """The targets ``Module.load_state_dict`` would fill by a plain ``param.copy_(value)``: a
+    contiguous CPU tensor of a module that keeps torch's ``_load_from_state_dict``, with no
+    load hook anywhere in the model; the file's bytes may go straight into them."""
+    base = nn.Module._load_from_state_dict
+    modules = dict(model.named_modules())
+    for m in modules.values():
+        if getattr(m, "_load_state_dict_pre_hooks", None) or getattr(
+            m, "_load_state_dict_post_hooks", None
+        ):
+            return {}
+    out: Dict[str, torch.Tensor] = {}
+    for key in to_load:
+        owner_name, _, name = key.rpartition(".")
+        owner = modules.get(owner_name)
+        if owner is None or type(owner)._load_from_state_dict is not base:
+            continue
+        dest = owner._parameters.get(name)
+        if dest is None:
+            dest = owner._buffers.get(name)
+            if dest is None or name in owner._non_persistent_buffers_set:
+                continue
+        if (
+            type(dest) in (torch.Tensor, nn.Parameter)
+            and dest.device.type == "cpu"
+            and dest.is_contiguous()
+            and not dest.is_conj()
+            and not dest.is_neg()
+        ):
+            out[key] = dest
+    return out
 
 
 def _load_from_layout(
