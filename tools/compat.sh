@@ -17,12 +17,19 @@
 # run this time keep their last record). A row that cannot be installed is recorded with the
 # exact error and the matrix goes on with the rest.
 #
+# Every run has a per-test deadline (tests/conftest.py, SAFETORCH_TEST_DEADLINE): a test still
+# running after it fails with its node id and the run goes on; one that never returns to Python
+# (a hang holding the GIL, e.g. a process group destroyed inside a tensor deallocation, issue 27)
+# is aborted after a grace period by a watchdog that names it, and the row is recorded as hung.
+#
 # Exit status: 0 when every requested row installed and all its runs passed with no flaky test.
 #
 # Environment:
 #   COMPAT_RUNS            runs of the suite per row (default 2; --runs overrides)
 #   COMPAT_DEFAULT_PYTHON  Python for a bare TORCH row (default 3.11)
 #   COMPAT_TIMEOUT         seconds allowed for one run of the suite (default 1800)
+#   COMPAT_TEST_DEADLINE   seconds allowed for one test (default 300; its watchdog aborts the
+#                          run max(30, half of it) later if the test never returns to Python)
 #   COMPAT_NOTE            a note recorded with each row run and shown in COMPAT.md
 #   COMPAT_PYTEST_ARGS     extra pytest arguments (e.g. "-x" or a test path filter via -k)
 # Interpreters are found as pythonX.Y on PATH, then ~/.pyenv/versions/X.Y.*/bin/python.
@@ -32,12 +39,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
 
 # The floors and the newest releases: lowest supported Python (3.9) with the lowest supported
-# torch (1.13.1), with the newest torch that has cp39 wheels (2.8.0), and with every dependency at
-# its floor; Python 3.11 with each torch the project has tracked.
-ALL_ROWS=(3.9:1.13.1:min 3.9:1.13.1 3.9:2.8.0 3.11:1.13.1 3.11:2.1.2 3.11:2.6.0 3.11:2.13.0 3.11:2.14.1)
+# torch (1.13.1), with 2.1.2 and 2.6.0 (Python 3.9 with torch 2.6.0 is where a process group
+# destroyed inside a tensor deallocation deadlocked, issue 27), with the newest torch that has
+# cp39 wheels (2.8.0), and with every dependency at its floor; Python 3.11 with each torch the
+# project has tracked.
+ALL_ROWS=(3.9:1.13.1:min 3.9:1.13.1 3.9:2.1.2 3.9:2.6.0 3.9:2.8.0
+    3.11:1.13.1 3.11:2.1.2 3.11:2.6.0 3.11:2.13.0 3.11:2.14.1)
 DEFAULT_PYTHON="${COMPAT_DEFAULT_PYTHON:-3.11}"
 RUNS="${COMPAT_RUNS:-2}"
 TIMEOUT="${COMPAT_TIMEOUT:-1800}"
+DEADLINE="${COMPAT_TEST_DEADLINE:-300}"
 VENVS="$ROOT/.venv-compat"
 HOST_PY="$(command -v python3)"  # runs tools/compat_report.py outside the venvs (needs 3.11+)
 
@@ -48,7 +59,7 @@ while [ $# -gt 0 ]; do
         --setup-only) setup_only=1 ;;
         --runs) shift; RUNS="${1:-}" ;;
         --runs=*) RUNS="${1#--runs=}" ;;
-        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
         [0-9]*) rows+=("$1") ;;
         *) echo "compat.sh: unknown argument '$1' (expected --setup-only, --runs N or a row such as 2.6.0 or 3.9:2.8.0)" >&2; exit 2 ;;
     esac
@@ -162,14 +173,17 @@ setup() {
 # run_suite ROW I -> pytest exit status; leaves junit-I.xml and pytest-I.log in the venv.
 run_suite() {
     local row="$1" i="$2" venv="$VENVS/$1" rc
-    log "$row: run $i/$RUNS of the suite (timeout ${TIMEOUT}s)"
+    log "$row: run $i/$RUNS of the suite (timeout ${TIMEOUT}s, ${DEADLINE}s per test)"
     rm -f "$venv/junit-$i.xml"
     # shellcheck disable=SC2086
-    timeout "$TIMEOUT" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests \
+    SAFETORCH_TEST_DEADLINE="$DEADLINE" \
+        timeout "$TIMEOUT" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests \
         --junitxml="$venv/junit-$i.xml" -o junit_family=xunit1 ${COMPAT_PYTEST_ARGS:-} \
         >"$venv/pytest-$i.log" 2>&1
     rc=$?
     log "$row: run $i: $(tail -n 1 "$venv/pytest-$i.log")"
+    # a test that hung holding the GIL: the deadline watchdog aborted the run and named it
+    grep -m 1 "safetorch test deadline:" "$venv/pytest-$i.log" | while read -r line; do log "$row: run $i: $line"; done
     return $rc
 }
 

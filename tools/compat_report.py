@@ -96,6 +96,10 @@ def _where(text: str) -> str:
     return out
 
 
+# The line tests/conftest.py's deadline watchdog writes before it aborts a hung pytest run.
+_HUNG = re.compile(r"safetorch test deadline: (.+?) is still running after ([\d.]+) s")
+
+
 def _parse_junit(path: Path) -> Dict[str, Any]:
     root = ET.parse(path).getroot()
     counts: Counter = Counter()
@@ -188,11 +192,25 @@ def record(args: argparse.Namespace) -> int:
         runs: List[Dict[str, Any]] = []
         for i, rc in enumerate(rcs, start=1):
             log = venv / f"pytest-{i}.log"
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            text = log.read_text(errors="replace") if log.exists() else ""
+            tail = text.strip().splitlines()[-1:]
             run: Dict[str, Any] = {"rc": rc, "summary": tail[0] if tail else ""}
             junit = venv / f"junit-{i}.xml"
             if junit.exists() and rc != 124:
                 run.update(_parse_junit(junit))
+            hung = _HUNG.search(text)
+            if hung:  # aborted by tests/conftest.py's watchdog: no JUnit XML, the log names it
+                run["hung"] = hung.group(1)
+                run["summary"] = f"aborted: {hung.group(1)} hung (rc {rc})"
+                run.setdefault("failures", []).append(
+                    {
+                        "test": hung.group(1),
+                        "kind": "hang",
+                        "message": "still running past SAFETORCH_TEST_DEADLINE plus grace "
+                        f"({hung.group(2)} s): pytest aborted, stacks in pytest-{i}.log",
+                        "where": "",
+                    }
+                )
             runs.append(run)
         flaky = _flaky([r["outcomes"] for r in runs if "outcomes" in r])
         data["runs"] = len(runs)
@@ -210,7 +228,9 @@ def record(args: argparse.Namespace) -> int:
         data["failures"] = failures
         data["skips"] = runs[0].get("skips", []) if runs else []
         data["counts"] = runs[-1].get("counts", {}) if runs else {}
-        if any(rc == 124 for rc in rcs):
+        if any("hung" in r for r in runs):
+            data["status"] = "hung"
+        elif any(rc == 124 for rc in rcs):
             data["status"] = "timed out"
         elif flaky:
             data["status"] = "red (flaky)"

@@ -1,4 +1,4 @@
-"""``safetorch ckpt inspect|convert|diff|fit``: look inside, rewrite, compare, try a checkpoint.
+"""``safetorch ckpt inspect|convert|diff|verify|fit``: look inside, rewrite, compare, check, try.
 
 Every file is read through :func:`safetorch.load` (weights-only), never plain pickle.
 Expected failures end in one line on stderr naming the value and the fix; exit status 2 for
@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import errno
 import fnmatch
 import importlib
 import inspect as _inspect
 import json
 import os
+import stat
 import sys
 import warnings
-from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
 import torch
 
@@ -47,6 +50,7 @@ __all__ = [
     "diff_checkpoints",
     "fit_checkpoint",
 ]
+# verify_checkpoint lives in safetorch.checkpoint.verify (``safetorch ckpt verify``).
 
 # Show a progress bar only for files at least this large (and only on a terminal).
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
@@ -269,6 +273,7 @@ def convert_checkpoint(
     key: Optional[str] = None,
     progress_stream: Optional[IO[str]] = None,
     max_shard_size: Optional[str] = None,
+    max_bytes: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Rewrite a checkpoint atomically: strip wrapper prefixes, change format or layout.
 
@@ -290,12 +295,19 @@ def convert_checkpoint(
             and ``src`` is larger than 256 MB.
         max_shard_size: with ``to="safetensors"``: write shards of at most this size
             (``"5GB"``, ``"500MB"``) into the directory ``dst``, plus the index.
+        max_bytes: safetensors and DCP store every tensor contiguously, so an expanded or
+            overlapping view (``torch.zeros(1).expand(2**32)``: a 4-byte storage) or a storage
+            shared by many entries is written out in full. The tensor data written may take at
+            most this many bytes; by default twice the bytes of the source's tensor storages
+            plus 64 MiB (so tied weights convert, and a small file cannot ask for gigabytes).
+            ``torch`` output keeps views as they are and needs no limit.
 
     Returns:
         A summary dict (``format``, ``tensors``, ``dropped`` non-tensor keys).
 
     Raises:
-        CheckpointError: ``src`` cannot be loaded, or ``key`` is not a state dict in it.
+        CheckpointError: ``src`` cannot be loaded, ``key`` is not a state dict in it, or the
+            safetensors/DCP output would exceed ``max_bytes`` (naming the largest tensor).
         ValueError: a bad ``to`` or ``strip``, or a ``strip`` prefix that matches no key.
 
     >>> import os, tempfile, torch, safetorch as st
@@ -337,6 +349,7 @@ def convert_checkpoint(
             raise CheckpointError(
                 f"--to dcp needs a dict checkpoint; {src!r} holds a {type(obj).__name__}"
             )
+        _check_output_bytes(src, list(_named_tensors(obj)), tensors, max_bytes, "dcp")
         layouts.save_dcp(obj, dst)
         progress.advance(progress.total, "written")
     elif fmt == "safetensors":
@@ -348,6 +361,8 @@ def convert_checkpoint(
                 "pip install 'safetorch[safetensors]'"
             ) from None
         state_dict, _ = find_state_dict(obj, key)
+        written = [(str(k), v) for k, v in state_dict.items() if isinstance(v, torch.Tensor)]
+        _check_output_bytes(src, written, tensors, max_bytes, "safetensors")
         flat, dropped = _for_safetensors(state_dict)
         summary["dropped"] = dropped
         summary["tensors"] = len(flat)
@@ -367,6 +382,71 @@ def convert_checkpoint(
         atomic_write(dst, write)
     progress.close()
     return summary
+
+
+# What safetensors/DCP output may take beyond twice the source's storage bytes by default.
+OUTPUT_SLACK_BYTES = 64 * 1024 * 1024
+
+
+def _distinct_storage_bytes(tensors: List[torch.Tensor]) -> int:
+    seen = set()
+    total = 0
+    for t in tensors:
+        try:
+            storage = _storage_of(t)
+            ident = (storage.data_ptr(), storage.nbytes(), str(t.device))
+        except (RuntimeError, NotImplementedError):
+            total += _nbytes(t)
+            continue
+        if ident not in seen:  # tensors sharing a storage count once
+            seen.add(ident)
+            total += storage.nbytes()
+    return total
+
+
+def _check_output_bytes(
+    src: str,
+    written: List[Tuple[str, torch.Tensor]],
+    source: List[torch.Tensor],
+    max_bytes: Optional[int],
+    fmt: str,
+) -> None:
+    """Refuse, before anything is materialised, an output whose contiguous tensor data would
+    exceed ``max_bytes`` (default: 2x the source's storage bytes + 64 MiB)."""
+    need = sum(_nbytes(t) for _, t in written)
+    have = _distinct_storage_bytes(source)
+    limit = max_bytes if max_bytes is not None else 2 * have + OUTPUT_SLACK_BYTES
+    if need <= limit:
+        return
+    where, t = max(written, key=lambda kt: _nbytes(kt[1]) - _storage_bytes(kt[1]))
+    rule = (
+        f"--max-bytes {_human(max_bytes)}"
+        if max_bytes is not None
+        else f"the default limit, 2x the {_human(have)} of tensor storage in the source "
+        f"+ {_human(OUTPUT_SLACK_BYTES)}"
+    )
+    raise CheckpointError(
+        f"--to {fmt} would write {_human(need)} of contiguous tensor data from {src!r}, over "
+        f"{rule}; the largest is {where!r} (shape {list(t.shape)}, stride {list(t.stride())}, "
+        f"{_human(_nbytes(t))} contiguous from a {_human(_storage_bytes(t))} storage). The file "
+        "holds expanded or shared views; pass --max-bytes SIZE (e.g. "
+        f"--max-bytes {max(1, -(-need // 10**9))}GB) to write them anyway, or --to torch, which "
+        "keeps views as they are"
+    )
+
+
+def _named_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[Tuple[str, Any]]:
+    """``(dotted key, tensor)`` for every tensor in ``obj`` (as :func:`_iter_tensors`)."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif depth > 20:
+        return
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from _named_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _named_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
 
 
 def _size_of(path: str) -> int:
@@ -569,6 +649,7 @@ def diff_checkpoints(
             continue
         if va.dtype != vb.dtype:
             result["dtype_changed"].append([name, _dtype_name(va), _dtype_name(vb)])
+        va, vb = _comparable(name, va, vb)
         diff = _max_abs_diff(va, vb)
         if diff is None:
             result["equal"] += 1
@@ -580,6 +661,42 @@ def diff_checkpoints(
         for k in ("only_in_a", "only_in_b", "shape_changed", "dtype_changed", "value_changed")
     )
     return result
+
+
+# A comparison may touch this many bytes beyond what the two tensors' storages hold (small
+# expanded buffers compare as usual).
+DIFF_SLACK_BYTES = 64 * 1024 * 1024
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    try:
+        return int(_storage_of(t).nbytes())
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, sparse, ...)
+        return _nbytes(t)
+
+
+def _comparable(key: str, a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` with the dimensions both broadcast (stride 0) narrowed to one element,
+    which compares the same; a CheckpointError when what is left would still touch more bytes
+    than their storages hold (an expanded or overlapping view: ``torch.zeros(1).expand(2**32)``
+    is a 4-byte storage whose elementwise comparison would take 16 GB)."""
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return a, b
+    for d in range(a.dim()):
+        if a.size(d) > 1 and a.stride(d) == 0 and b.stride(d) == 0:
+            a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)
+    need = a.numel() * max(a.element_size(), b.element_size(), 8)  # compared in float64
+    have = _storage_bytes(a) + _storage_bytes(b)
+    if need > 8 * have + DIFF_SLACK_BYTES:
+        which = a if _nbytes(a) > _storage_bytes(a) else b
+        raise CheckpointError(
+            f"cannot compare {key!r}: it is a view of shape {list(which.shape)} with stride "
+            f"{list(which.stride())} over a storage of {_human(_storage_bytes(which))}; an "
+            f"elementwise comparison would take {_human(need)} (views are compared only up to "
+            f"8x their storage bytes + {_human(DIFF_SLACK_BYTES)}); the checkpoint holds an "
+            "expanded or overlapping tensor"
+        )
+    return a, b
 
 
 def _shape(value: Any) -> Optional[Tuple[int, ...]]:
@@ -634,6 +751,34 @@ def _print_diff(r: Dict[str, Any], out: IO[str]) -> None:
 
 
 # --- fit ---------------------------------------------------------------------------------------
+def _is_cwd_entry(entry: Any, cwd: str) -> bool:
+    if not isinstance(entry, str):
+        return False
+    if entry in ("", "."):
+        return True
+    try:
+        return os.path.realpath(entry) == cwd
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _cwd_searched_last() -> Iterator[None]:
+    """While the user's ``--model`` module is imported, the working directory is searched after
+    every installed package, never before: a ``safetensors.py``, ``torch.py`` or ``numpy.py``
+    shipped in a downloaded checkpoint directory cannot shadow the real package when ``fit`` is
+    run there, while the user's own module (and its siblings) in that directory are still found.
+    Entries the import adds to ``sys.path`` are kept; the interpreter's own are restored."""
+    cwd = os.path.realpath(os.getcwd())
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if not _is_cwd_entry(p, cwd)] + [cwd]
+    try:
+        yield
+    finally:
+        before = set(saved)
+        sys.path[:] = [p for p in sys.path if p not in before and p != cwd] + saved
+
+
 def _model_from(spec: str) -> torch.nn.Module:
     """The model ``module:factory`` names (a callable is called without arguments)."""
     module_name, sep, attr = spec.partition(":")
@@ -642,8 +787,11 @@ def _model_from(spec: str) -> torch.nn.Module:
             f"--model {spec!r}: expected MODULE:FACTORY, e.g. torchvision.models:resnet18 or "
             "mypkg.model:build (a callable without required arguments, or an nn.Module)"
         )
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m`: the working directory is importable
+    with _cwd_searched_last():  # the factory may import its siblings lazily: keep it around
+        return _build_model(spec, module_name, attr)
+
+
+def _build_model(spec: str, module_name: str, attr: str) -> torch.nn.Module:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -740,6 +888,17 @@ class _BadInput(Exception):
 
 
 def _readable_file(path: str, what: str = "checkpoint") -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _BadInput(f"{path!r} is a symlink loop; pass the path of a {what} file") from None
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise _BadInput(
+            f"{path!r} is {_kind(mode)}, not a regular file; a {what} is read only from a "
+            "regular file (copy it to one first)"
+        )
     if not os.path.exists(path):
         parent = os.path.dirname(os.path.abspath(path))
         where = "" if os.path.isdir(parent) else f" (directory {parent} does not exist either)"
@@ -765,23 +924,83 @@ def _writable_target(path: str) -> None:
         )
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _dcp_exception() -> Tuple[Type[BaseException], ...]:
+    """torch.distributed.checkpoint's CheckpointException: a BaseException, not an Exception
+    (imported lazily: it is absent from builds without torch.distributed)."""
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+    except Exception:  # no torch.distributed, or an old torch without the module
+        return ()
+    return (CheckpointException,)
+
+
+def _dcp_failures(exc: BaseException) -> str:
+    """A CheckpointException's per-rank causes, without the tracebacks its str() holds."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, Mapping) or not failures:
+        return _one_line(exc).split(" Traceback ")[0]
+    parts = []
+    for rank, failure in list(failures.items())[:4]:
+        cause = failure[0] if isinstance(failure, tuple) and failure else failure
+        parts.append(f"rank {rank}: {type(cause).__name__}: {_one_line(cause)}")
+    more = f" (and {len(failures) - 4} more ranks)" if len(failures) > 4 else ""
+    return "; ".join(parts) + more
+
+
 def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """Run a command; every failure ends in one line on stderr (never a traceback): exit 2 for
+    bad input, 1 for failed work, 130 when interrupted."""
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"safetorch ckpt {command}: {text}\n")
+
     def run(args: argparse.Namespace) -> int:
+        dcp_errors = _dcp_exception()
         try:
             return body(args)
         except _BadInput as exc:
-            sys.stderr.write(f"safetorch ckpt {command}: {exc}\n")
+            say(str(exc))
             return exc.status
         except UnsafeCheckpointError as exc:
-            sys.stderr.write(f"safetorch ckpt {command}: {str(exc).splitlines()[0]}\n")
+            say(str(exc).splitlines()[0])
             return 1
         except (CheckpointError, ValueError) as exc:
-            sys.stderr.write(f"safetorch ckpt {command}: {' '.join(str(exc).split())}\n")
+            say(_one_line(exc))
             return 2
         except BrokenPipeError:
             raise  # `safetorch ckpt inspect ... | head`: the top-level command ends quietly
+        except KeyboardInterrupt:
+            say("interrupted")
+            return 130
+        except RecursionError:
+            say("the checkpoint nests too deeply to be processed (RecursionError); it is malformed")
+            return 2
+        except MemoryError:
+            say("out of memory (the checkpoint asks for more memory than this machine has)")
+            return 1
         except OSError as exc:  # e.g. disk full while writing
-            sys.stderr.write(f"safetorch ckpt {command}: {exc}\n")
+            say(_one_line(exc))
+            return 1
+        except dcp_errors as exc:  # a BaseException: not caught by `except Exception`
+            say(f"torch.distributed.checkpoint failed: {_dcp_failures(exc)}")
+            return 2
+        except Exception as exc:  # anything else: still one line, with what it was
+            say(f"failed with {type(exc).__name__}: {_one_line(exc)}")
             return 1
 
     return run
@@ -875,6 +1094,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         to=args.to,
         key=args.key,
         max_shard_size=args.max_shard_size,
+        max_bytes=None if args.max_bytes is None else layouts.parse_size(args.max_bytes),
     )
     if args.json:
         sys.stdout.write(json.dumps({"path": args.dst, **summary}, indent=2) + "\n")
@@ -924,8 +1144,25 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from safetorch.checkpoint.verify import verify_checkpoint
+
+    if not os.path.isdir(args.path):
+        _readable_file(args.path)
+    report = verify_checkpoint(args.path)
+    if report.format == "directory" and not report.files:
+        raise _BadInput(f"{args.path!r}: {report.problems[0]}; pass a checkpoint file or directory")
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        for problem in report.problems:
+            sys.stdout.write(f"{args.path}: {problem}\n")
+        sys.stdout.write(report.summary() + "\n")
+    return 0 if report.ok else 1
+
+
 def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Register ``safetorch ckpt inspect|convert|diff|fit``."""
+    """Register ``safetorch ckpt inspect|convert|diff|verify|fit``."""
     ckpt = subparsers.add_parser(
         "ckpt", help="inspect, convert, diff or fit checkpoints (weights-only)"
     )
@@ -980,6 +1217,13 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         "with model.safetensors.index.json",
     )
     convert.add_argument(
+        "--max-bytes",
+        default=None,
+        metavar="SIZE",
+        help="with --to safetensors/dcp: the most tensor data to write (views are written in "
+        "full); default 2x the source's storage bytes + 64 MiB",
+    )
+    convert.add_argument(
         "--key", default=None, help="container key of the state dict to write (only that one)"
     )
     convert.add_argument("--json", action="store_true", help="machine-readable summary")
@@ -993,6 +1237,15 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     diff.add_argument("--key", default=None, help="container key of the state dict in both")
     diff.add_argument("--json", action="store_true", help="machine-readable output")
     diff.set_defaults(func=_guarded("diff", _cmd_diff))
+
+    verify = sub.add_parser(
+        "verify",
+        help="integrity torch does not check: every zip record's CRC-32, safetensors offsets; "
+        "a directory or shard index file by file (exit 1 on a problem)",
+    )
+    verify.add_argument("path")
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
+    verify.set_defaults(func=_guarded("verify", _cmd_verify))
 
     fit = sub.add_parser(
         "fit", help="what st.load_state_dict would do with a model, without loading it"

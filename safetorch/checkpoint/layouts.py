@@ -703,6 +703,8 @@ def _dcp_cause(exc: BaseException) -> BaseException:
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict):
         for value in failures.values():
+            if isinstance(value, tuple) and value and isinstance(value[0], BaseException):
+                return value[0]  # torch's WRAPPED_EXCEPTION: (exception, stack summary)
             if isinstance(value, BaseException):
                 return value
             inner = getattr(value, "exception", None)  # torch's _WrappedException

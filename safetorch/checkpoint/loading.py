@@ -357,6 +357,7 @@ def load(
     mmap: Optional[bool] = None,
     allow: Iterable[Any] = (),
     encoding: str = "utf-8",
+    verify: bool = False,
 ) -> Any:
     """Load a checkpoint safely: weights-only on every torch, CPU by default, never less strict
     than ``torch.load(weights_only=True)`` of the newest torch.
@@ -387,6 +388,11 @@ def load(
             strings. ``argparse.Namespace`` is always allowed.
         encoding: for Python 2 strings in old checkpoints, as ``torch.load`` (e.g.
             ``"latin1"``).
+        verify: ``True`` first checks the file's integrity, which torch never does: the
+            CRC-32 of every record of a zip checkpoint, the header and offsets of a
+            ``.safetensors`` file (see :mod:`safetorch.checkpoint.verify`); a flipped byte
+            inside a storage raises ``CheckpointError`` instead of loading as a wrong weight.
+            It reads the whole file once more (see ``benchmarks/RESULTS.md`` for the cost).
 
     Returns:
         The loaded object.
@@ -404,7 +410,14 @@ def load(
     >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
     >>> st.load(buf)
     {'w': tensor([1., 1.])}
+    >>> _ = buf.seek(0); st.load(buf, verify=True)  # every record's CRC-32 checked first
+    {'w': tensor([1., 1.])}
     """
+    if verify:
+        _check_file_argument(f)
+        from safetorch.checkpoint.verify import check_file
+
+        check_file(f)  # a file object's position is restored
     if isinstance(map_location, str) and map_location == "available":
         map_location = MapToAvailable()
     return _load(

@@ -20,25 +20,36 @@ Two layouts, chosen by what is being saved, both built on torch's own machinery:
 Loading is weights-only in both layouts: the file through :func:`safetorch.load`; DCP's
 ``.metadata`` through the restricted unpickler and DCP's byte entries through ``st.load``
 (DCP's default planner would ``torch.load`` them with ``weights_only=False``).
+
+What a file holds is untrusted: its structure and every rank's RNG state are validated (type,
+size, range; :mod:`safetorch.checkpoint.rng`) before anything is applied, and the objects and
+the RNG are then restored all or nothing (each object is snapshotted before it is loaded and
+put back if a later step fails). Every failure is a ``CheckpointError`` naming the path.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import itertools
+import logging
 import os
-import random
-import sys
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
 
 from safetorch import _atomic
 from safetorch.checkpoint import layouts
-from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
+
+# capture_rng / restore_rng live in safetorch.checkpoint.rng and stay importable from here.
+from safetorch.checkpoint.rng import RNGState, apply_rng, capture_rng, check_rng_table
+from safetorch.checkpoint.rng import restore_rng as restore_rng
+from safetorch.errors import CheckpointError, CheckpointFileNotFoundError, CheckpointMismatchError
 
 __all__ = ["save_state", "load_state"]
+
+_log = logging.getLogger("safetorch")
 
 STATE_FORMAT = "safetorch.state/1"
 _RESERVED = ("__safetorch__", "rng", "extras")
@@ -88,45 +99,6 @@ def _all_gather(value: Any) -> List[Any]:
     key = f"safetorch/gather/{next(_gathers)}/{{}}"
     store.set(key.format(dist.get_rank()), plain._dumps(value))  # type: ignore[arg-type]  # bytes: Store.set takes them (its stub says str)
     return [plain._loads(store.get(key.format(r))) for r in range(dist.get_world_size())]
-
-
-# --- RNG -------------------------------------------------------------------------------------
-def _bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.cpu().numpy().tobytes())
-
-
-def _byte_tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def capture_rng() -> Dict[str, Any]:
-    """This process's RNG states as plain data (ints, tuples, bytes): weights-only loading
-    rebuilds it, and it travels between ranks without pickling any object."""
-    state: Dict[str, Any] = {"python": random.getstate(), "torch": _bytes(torch.get_rng_state())}
-    np = sys.modules.get("numpy")
-    if np is not None:
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (name, keys.astype("<u4").tobytes(), pos, has_gauss, float(cached))
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_bytes(s) for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`capture_rng` captured (parts this process cannot use are skipped)."""
-    if "python" in state:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-    if "torch" in state:
-        torch.set_rng_state(_byte_tensor(state["torch"]))
-    np = sys.modules.get("numpy")
-    if np is not None and "numpy" in state:
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((name, np.frombuffer(keys, dtype="<u4"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        saved = [_byte_tensor(b) for b in state["cuda"]]
-        if len(saved) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(saved)
 
 
 # --- what is being saved -----------------------------------------------------------------------
@@ -280,6 +252,11 @@ def load_state(path: Any, /, **objects: Any) -> Dict[str, Any]:
     objects through their own ``load_state_dict``. The RNG state this rank saved is restored
     (on more ranks than were saved, the extra ranks keep theirs). Loading is weights-only.
 
+    All or nothing: the file's structure and every rank's RNG state are validated (type, size,
+    range) before anything is applied; each object's current state is snapshotted before it is
+    loaded, and if any later step fails the objects already loaded get their snapshots back
+    and the RNG is left untouched, so a failed call changes nothing.
+
     Args:
         path: what :func:`save_state` returned (a file or a DCP directory).
         **objects: the same names as at saving; objects not given are skipped.
@@ -288,8 +265,11 @@ def load_state(path: Any, /, **objects: Any) -> Dict[str, Any]:
         The plain values saved (``{"epoch": 3}``).
 
     Raises:
-        CheckpointError: the file is not a ``save_state`` checkpoint, or an object name is not
-            in it (the error lists the names it holds).
+        CheckpointError: the file is not a ``save_state`` checkpoint, is malformed (a bad RNG
+            state, a missing or mistyped entry), an object name is not in it (the error lists
+            the names it holds), or an object rejects its state (``CheckpointMismatchError``
+            for a model whose keys or shapes differ). The message names the path; the
+            underlying error is chained.
 
     >>> import os, tempfile, torch, safetorch as st
     >>> path = os.path.join(tempfile.mkdtemp(), "state.pt")
@@ -311,25 +291,157 @@ def load_state(path: Any, /, **objects: Any) -> Dict[str, Any]:
             f"{p!r} is not a st.save_state checkpoint (no {STATE_FORMAT!r} marker); load a "
             "plain checkpoint with st.load or st.load_state_dict"
         )
-    held = saved["objects"]
+    held = _entry(p, saved, "objects", "a dict of object name -> state dict")
+    extras = _entry(p, saved, "extras", "a dict of value name -> value")
+    _check_held(p, held, extras, objects)
+    rng = _my_rng(p, saved.get("rng", _MISSING))
+
+    def loader(obj: Any, state: Any) -> Callable[[], Any]:
+        if isinstance(obj, nn.Module):
+            return lambda: load_state_dict(obj, state)
+        return lambda: obj.load_state_dict(state)
+
+    steps = [(name, obj, loader(obj, held[name])) for name, obj in objects.items()]
+    _Undo(p).run(steps, rng)
+    return dict(extras)
+
+
+_MISSING = object()
+
+
+def _entry(where: str, saved: Mapping[str, Any], key: str, expected: str) -> Dict[str, Any]:
+    value = saved.get(key, _MISSING)
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        got = "nothing" if value is _MISSING else f"a {type(value).__name__}"
+        raise CheckpointError(
+            f"{where!r}: bad {key!r} entry: got {got}, expected {expected} (with str keys); "
+            "the file is corrupt or was not written by st.save_state"
+        )
+    return value
+
+
+def _check_held(
+    where: str, held: Mapping[str, Any], extras: Mapping[str, Any], objects: Mapping[str, Any]
+) -> None:
+    """Every object asked for is in the file, and models and optimizers get a mapping."""
     for name, obj in objects.items():
         if name not in held:
             raise CheckpointError(
-                f"{p!r} holds no state for {name!r}; it holds {sorted(held)} and the values "
-                f"{sorted(saved['extras'])}"
+                f"{where!r} holds no state for {name!r}; it holds {sorted(held)} and the "
+                f"values {sorted(extras)}"
             )
+        if isinstance(obj, (nn.Module, torch.optim.Optimizer)) and not isinstance(
+            held[name], Mapping
+        ):
+            raise CheckpointError(
+                f"{where!r}: the state saved for {name!r} is a {type(held[name]).__name__}, "
+                f"expected a state dict (a mapping) for the {type(obj).__name__} given"
+            )
+
+
+def _my_rng(where: str, rng: Any) -> Optional[RNGState]:
+    """Validate every rank's saved RNG state (so a bad file fails on every rank alike) and
+    return this rank's (``None``: this rank was not saved and keeps its own)."""
+    if rng is _MISSING:
+        raise CheckpointError(
+            f"{where!r}: no 'rng' entry; the file is corrupt or was not written by st.save_state"
+        )
+    return check_rng_table(rng, repr(where)).get(str(_rank()))
+
+
+def _object_error(where: str, name: str, exc: BaseException) -> CheckpointError:
+    message = (
+        f"{where!r}: loading the state of {name!r} failed ({type(exc).__name__}: {exc}); "
+        "every object given was put back as it was before the call"
+    )
+    if isinstance(exc, CheckpointMismatchError):
+        return CheckpointMismatchError(message, exc.report)
+    return CheckpointError(message)
+
+
+Step = Tuple[str, Any, Callable[[], Any]]
+
+
+class _Undo:
+    """All-or-nothing application of loaded state: each object is snapshotted before it is
+    touched; on a failure every snapshot taken is restored (newest first) and the RNG is not
+    applied; the RNG goes last, all its parts at once (:func:`~safetorch.checkpoint.rng.apply_rng`).
+
+    ``models`` (the DCP layout) snapshots models and optimizers through DCP's
+    ``get_*_state_dict``/``set_*_state_dict``, as DCP loads them.
+    """
+
+    def __init__(self, where: str, models: Optional[Mapping[str, nn.Module]] = None) -> None:
+        self.where = where
+        self.models = models
+        self._restores: List[Tuple[str, Callable[[], Any]]] = []
+        self._taken: set = set()
+
+    def snapshot(self, name: str, obj: Any) -> None:
+        """Remember ``obj``'s current state (once per object)."""
+        if id(obj) in self._taken:
+            return
+        from safetorch.tensor import safe_copy
+
+        try:
+            restore = self._snapshot(obj, safe_copy)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(
+                f"{self.where!r}: cannot snapshot the current state of {name!r} before loading "
+                f"it ({type(exc).__name__}: {exc}); nothing was changed for it"
+            ) from exc
+        self._taken.add(id(obj))
+        self._restores.append((name, restore))
+
+    def _snapshot(self, obj: Any, safe_copy: Callable[[Any], Any]) -> Callable[[], Any]:
+        if self.models is not None and isinstance(obj, (nn.Module, torch.optim.Optimizer)):
+            from torch.distributed.checkpoint.state_dict import (
+                get_model_state_dict,
+                get_optimizer_state_dict,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            if isinstance(obj, nn.Module):
+                model_state = safe_copy(get_model_state_dict(obj))
+                return lambda: set_model_state_dict(obj, model_state)
+            model = _model_of(obj, self.models)
+            optim_state = safe_copy(get_optimizer_state_dict(model, obj))
+            return lambda: set_optimizer_state_dict(model, obj, optim_state)
         if isinstance(obj, nn.Module):
-            load_state_dict(obj, held[name])
-        else:
-            obj.load_state_dict(held[name])
-    _restore_rank_rng(saved["rng"])
-    return dict(saved["extras"])
+            module_state = safe_copy(obj.state_dict())
+            return lambda: obj.load_state_dict(module_state)
+        other_state = copy.deepcopy(obj.state_dict())
+        return lambda: obj.load_state_dict(other_state)
 
+    def rollback(self) -> None:
+        """Put back every object snapshotted, newest first (failures are logged, not raised:
+        the error that caused the rollback is the one the caller sees)."""
+        while self._restores:
+            name, restore = self._restores.pop()
+            try:
+                restore()
+            except Exception:
+                _log.exception(
+                    "safetorch: %r: could not put back the previous state of %r", self.where, name
+                )
 
-def _restore_rank_rng(rng: Mapping[str, Any]) -> None:
-    mine = rng.get(str(_rank()))
-    if mine is not None:
-        restore_rng(mine)
+    def run(self, steps: List[Step], rng: Optional[RNGState]) -> None:
+        """Apply ``steps`` (snapshotting each object first), then ``rng``; all or nothing."""
+        try:
+            for name, obj, apply in steps:
+                self.snapshot(name, obj)
+                try:
+                    apply()
+                except Exception as exc:
+                    raise _object_error(self.where, name, exc) from exc
+            if rng is not None:
+                apply_rng(rng, repr(self.where))
+        except BaseException:
+            self.rollback()
+            raise
 
 
 def _safe_planner() -> Any:
@@ -350,6 +462,19 @@ def _safe_planner() -> Any:
     return SafeLoadPlanner()
 
 
+def _blob_size(path: str, name: str, entry: Any) -> Any:
+    """The size of a byte-tensor entry (an object's or the RNG/extras blob) from DCP metadata:
+    a 1-D uint8 tensor, as :func:`_as_bytes_tensor` saves it."""
+    size = getattr(entry, "size", None)
+    dtype = getattr(getattr(entry, "properties", None), "dtype", torch.uint8)
+    if not isinstance(size, tuple) or len(size) != 1 or dtype != torch.uint8:
+        raise CheckpointError(
+            f"{path!r}: the DCP entry {name!r} is {type(entry).__name__} of size {size!r:.60} "
+            f"and dtype {dtype!r:.30}, expected a 1-D uint8 tensor (st.save_state's bytes)"
+        )
+    return size
+
+
 def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -359,38 +484,78 @@ def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
     )
 
     metadata = layouts.read_dcp_metadata(path)
-    held = {k.split(".", 1)[0] for k in metadata.state_dict_metadata}
+    entries = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(entries, Mapping):
+        raise CheckpointError(f"{path!r}: the DCP metadata holds no state_dict_metadata mapping")
+    held = {k.split(".", 1)[0] for k in entries if isinstance(k, str)}
     models = {k: v for k, v in objects.items() if isinstance(v, nn.Module)}
-    blob_meta = metadata.state_dict_metadata.get("__safetorch__")
+    blob_meta = entries.get("__safetorch__")
     if blob_meta is None:
         raise CheckpointError(f"{path!r} is a DCP directory but not a st.save_state checkpoint")
+    for name in objects:
+        if name not in held:
+            raise CheckpointError(f"{path!r} holds no state for {name!r}; it holds {sorted(held)}")
     state: Dict[str, Any] = {}
     plan: List[Tuple[str, Any, str]] = []
     for name, obj in objects.items():
-        if name not in held:
-            raise CheckpointError(f"{path!r} holds no state for {name!r}; it holds {sorted(held)}")
         if isinstance(obj, nn.Module):
-            state[name] = get_model_state_dict(obj)
             plan.append((name, obj, "model"))
         elif isinstance(obj, torch.optim.Optimizer):
-            state[name] = get_optimizer_state_dict(_model_of(obj, models), obj)
             plan.append((name, obj, "optimizer"))
         else:
-            size = metadata.state_dict_metadata[name].size
-            state[name] = torch.empty(size, dtype=torch.uint8)
+            if name not in entries:
+                raise CheckpointError(
+                    f"{path!r}: {name!r} is saved as several entries, expected the one byte "
+                    f"entry st.save_state writes for a {type(obj).__name__}"
+                )
+            state[name] = torch.empty(_blob_size(path, name, entries[name]), dtype=torch.uint8)
             plan.append((name, obj, "blob"))
-    state["__safetorch__"] = torch.empty(blob_meta.size, dtype=torch.uint8)
-    layouts.dcp_load(state, path, planner=_safe_planner())
-    for name, obj, kind in plan:
+    state["__safetorch__"] = torch.empty(
+        _blob_size(path, "__safetorch__", blob_meta), dtype=torch.uint8
+    )
+    # DCP loads models and optimizers in place, into their own tensors: snapshot everything
+    # first, so that a failure anywhere below puts every object back.
+    undo = _Undo(path, models)
+    for name, obj, _ in plan:
+        undo.snapshot(name, obj)
+    try:
+        for name, obj, kind in plan:
+            if kind == "model":
+                state[name] = get_model_state_dict(obj)
+            elif kind == "optimizer":
+                state[name] = get_optimizer_state_dict(_model_of(obj, models), obj)
+        layouts.dcp_load(state, path, planner=_safe_planner())
+        blob = _decode(path, "__safetorch__", state["__safetorch__"])
+        if not isinstance(blob, Mapping) or blob.get("format") != STATE_FORMAT:
+            raise CheckpointError(
+                f"{path!r}: the '__safetorch__' entry is not st.save_state's record (no "
+                f"{STATE_FORMAT!r} format)"
+            )
+        extras = _entry(path, blob, "extras", "a dict of value name -> value")
+        rng = _my_rng(path, blob.get("rng", _MISSING))
+        decoded = {n: _decode(path, n, state[n]) for n, _, kind in plan if kind == "blob"}
+    except BaseException:
+        undo.rollback()
+        raise
+
+    def step(name: str, obj: Any, kind: str) -> Callable[[], Any]:
         if kind == "model":
-            set_model_state_dict(obj, state[name])
-        elif kind == "optimizer":
-            set_optimizer_state_dict(_model_of(obj, models), obj, state[name])
-        else:
-            obj.load_state_dict(_from_bytes_tensor(state[name]))
-    blob = _from_bytes_tensor(state["__safetorch__"])
-    _restore_rank_rng(blob["rng"])
-    return dict(blob["extras"])
+            return lambda: set_model_state_dict(obj, state[name])
+        if kind == "optimizer":
+            return lambda: set_optimizer_state_dict(_model_of(obj, models), obj, state[name])
+        return lambda: obj.load_state_dict(decoded[name])
+
+    undo.run([(name, obj, step(name, obj, kind)) for name, obj, kind in plan], rng)
+    return dict(extras)
+
+
+def _decode(path: str, name: str, t: torch.Tensor) -> Any:
+    try:
+        return _from_bytes_tensor(t)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path!r}: cannot read the DCP byte entry {name!r} ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def latest_complete(directory: str, names: List[str]) -> Optional[str]:

@@ -14,6 +14,12 @@ Pitfalls handled here:
   them through :func:`register_sync_batchnorm_converter`), and
   :func:`revert_sync_batchnorm` goes back for CPU inference and export.
 
+* A graph of torch's ``nn.SyncBatchNorm`` owns its process group (``ctx`` keeps it), so the
+  group outlives ``destroy_process_group()`` and dies wherever the graph is freed, with the GIL
+  held; on gloo that can deadlock. :class:`SyncBatchNorm`'s graphs keep only a weak reference,
+  and the tensors of its collectives stay alive past gloo's worker thread (issue 27, see
+  :func:`_group_ref` and :func:`_all_reduce`).
+
 torch < 2.0 (before pytorch/pytorch#89706) also made ``nn.SyncBatchNorm`` fail without a
 process group and on any non-CUDA input even in eval mode; the branch is bound at import from
 ``_compat.SYNCBN_FALLS_BACK_WITHOUT_PG``.
@@ -21,9 +27,11 @@ process group and on any non-CUDA input even in eval mode; the branch is bound a
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import warnings
+import weakref
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, Type, TypeVar
 
 import torch
@@ -107,8 +115,68 @@ def _acc_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+def _group_ref(group: Any) -> "Optional[weakref.ReferenceType[Any]]":
+    """What ``ctx`` keeps of the process group: a weak reference, or None for the default group.
+
+    An autograd graph must not own a process group. The graph of an output lives as long as the
+    output (its ``grad_fn`` keeps ``ctx``, backward or not), so a group held by ``ctx`` outlives
+    ``destroy_process_group()`` and dies wherever the last tensor of that graph is freed: inside
+    a tensor deallocation, with the GIL held, where ``~ProcessGroupGloo`` joins its worker
+    threads. A worker that needs the GIL then never finishes and the process hangs (issue 27:
+    Python 3.9, torch 2.6.0, a single-rank gloo test). torch's own ``nn.SyncBatchNorm`` stores
+    the group itself (``self.process_group = process_group`` in
+    ``torch/nn/modules/_functions.py``, read in backward and never released; read in torch
+    2.13.0), so its graphs have this hazard. Every torch.distributed process group is a pybind11
+    object, and pybind11 gives every bound class weak-reference support (its ``keep_alive``
+    relies on it; checked on torch 2.6.0 and 2.13.0, no version test needed); the group
+    stays alive while torch.distributed has it registered (the default group and every
+    ``new_group`` are held by ``distributed_c10d``'s world state until
+    ``destroy_process_group``), so the reference is alive exactly while the group may be used.
+    """
+    return None if group is None else weakref.ref(group)
+
+
+def _resolve_group(ref: "Optional[weakref.ReferenceType[Any]]") -> Any:
+    """The group a forward synchronized over, for its backward (None: the default group)."""
+    if ref is None:
+        return None
+    group = ref()
+    if group is None:
+        raise RuntimeError(
+            "SyncBatchNorm backward: the process group its forward synchronized over was "
+            "destroyed (torch.distributed.destroy_process_group) before backward; run "
+            "backward before destroying the group"
+        )
+    return group
+
+
+# The tensors of the last few collectives, kept alive from Python: see _all_reduce.
+_recent_collective_tensors: "collections.deque[torch.Tensor]" = collections.deque(maxlen=8)
+
+
+def _all_reduce(tensor: torch.Tensor, group: Any) -> None:
+    """``dist.all_reduce(tensor, group=group)``, then keep ``tensor`` alive for a while.
+
+    gloo's worker thread drops its reference to a finished collective (and the tensors in it)
+    only after the caller has been woken. If the caller's Python tensor is gone by then, the
+    worker frees that Python object and needs the GIL for it; a ``destroy_process_group()``
+    in that window joins the worker with the GIL held, and the process hangs. Seen on Python
+    3.9 with torch 2.6.0 with torch alone: ``all_reduce(t); del t; destroy_process_group()``
+    hung 3 of 3 processes in the first round; keeping ``t`` alive, 0 hangs in 20 rounds (not
+    seen on Python 3.11 with torch 2.13.0). Holding the last few (small) statistics tensors
+    here means the worker never frees a Python object; they are freed on this thread when
+    later calls push them out.
+    """
+    dist.all_reduce(tensor, group=group)
+    _recent_collective_tensors.append(tensor)
+
+
 class _SyncBatchNormFunction(torch.autograd.Function):
-    """Batch norm over the union of every rank's batch: one all_reduce forward, one backward."""
+    """Batch norm over the union of every rank's batch: one all_reduce forward, one backward.
+
+    ``ctx`` holds only a weak reference to the process group (:func:`_group_ref`): freeing a
+    graph, with or without backward, never destroys a process group.
+    """
 
     @staticmethod
     def forward(
@@ -139,7 +207,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             stats[:channels] = mean_l * local_count
             stats[channels : 2 * channels] = (var_l.to(acc) + mean_l * mean_l) * local_count
             stats[-1] = local_count
-        dist.all_reduce(stats, group=group)
+        _all_reduce(stats, group)
         count = int(stats[-1].item())
         if count <= 1:
             # Every rank sees the same global count, so every rank raises: no rank is left
@@ -166,7 +234,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             out = out + bias.to(compute).view(shape)
 
         ctx.save_for_backward(input, weight, mean, invstd)
-        ctx.group = group
+        ctx.group_ref = _group_ref(group)  # never the group itself (see _group_ref)
         ctx.count = count
         return out.to(input.dtype)
 
@@ -189,7 +257,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             # Input gradients need the global sums; weight/bias gradients stay per rank (as
             # torch's SyncBatchNorm): DDP's gradient all_reduce combines them.
             sums = torch.cat([sum_dy, sum_dy_xmu])
-            dist.all_reduce(sums, group=ctx.group)
+            _all_reduce(sums, _resolve_group(ctx.group_ref))
             mean_dy = sums[:channels] / ctx.count
             mean_dy_xmu = sums[channels:] / ctx.count
             scale = invstd if weight is None else invstd * weight.to(acc)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 import warnings
 
 import pytest
@@ -53,18 +52,6 @@ def test_auto_policy_picks_torch_syncbn_for_cuda_layers():
     assert [f.rule for f in found] == (["torch-syncbn-device"] if raised else [])
 
 
-@pytest.fixture
-def one_rank_nccl(tmp_path):
-    # torch >= 2.2's init_process_group replaces sys.excepthook; destroy does not restore it
-    saved_excepthook = sys.excepthook
-    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-        sys.excepthook = saved_excepthook
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_sync_function_on_cuda_matches_batch_norm(one_rank_nccl, dtype):
     """The all_reduce path (forced with one rank) equals F.batch_norm in training on CUDA.
@@ -83,7 +70,8 @@ def test_sync_function_on_cuda_matches_batch_norm(one_rank_nccl, dtype):
     rm2, rv2 = rm.clone(), rv.clone()
     a = x.clone().requires_grad_(True)
     b = x.clone().requires_grad_(True)
-    ours = syncbn._SyncBatchNormFunction.apply(a, weight, bias, rm, rv, 1e-5, 0.1, one_rank_nccl)
+    group = dist.group.WORLD  # one_rank_nccl (tests/conftest.py)
+    ours = syncbn._SyncBatchNormFunction.apply(a, weight, bias, rm, rv, 1e-5, 0.1, group)
     w2, b2 = (
         weight.detach().clone().requires_grad_(True),
         bias.detach().clone().requires_grad_(True),

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
+import json
 import logging
+import os
+import subprocess
 import sys
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -29,6 +35,20 @@ class BNReLU(nn.BatchNorm2d):
 
 class NamedBN(nn.BatchNorm2d):
     """A BatchNorm subclass that does not override forward."""
+
+
+@contextlib.contextmanager
+def outlived_gloo_group(tmp_path):
+    """A one-rank gloo group; yields a weak reference to it (the test may outlive it)."""
+    saved_excepthook = sys.excepthook  # torch >= 2.2's init_process_group replaces it
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        yield weakref.ref(dist.group.WORLD)
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()
+        sys.excepthook = saved_excepthook
 
 
 def small_model():
@@ -127,31 +147,16 @@ def test_explicit_policy_converts_without_the_launch_warning(launch_env):
     assert type(model[1]) is st.SyncBatchNorm
 
 
-@pytest.fixture
-def restore_excepthook():
-    """torch >= 2.2's init_process_group replaces sys.excepthook (a ``[rank0]:`` prefixer)
-    and destroy_process_group does not restore it; put the original back."""
-    saved = sys.excepthook
-    try:
-        yield
-    finally:
-        sys.excepthook = saved
-
-
-def test_world_size_one_returns_module_unchanged(tmp_path, caplog, restore_excepthook):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
-    try:
-        model = small_model()
-        with caplog.at_level(logging.DEBUG, logger="safetorch"):
-            assert st.convert_sync_batchnorm(model) is model
-        assert type(model[1]) is nn.BatchNorm1d
-        assert "world size 1" in caplog.text
-        # st.SyncBatchNorm with one rank is plain BatchNorm
-        bn, ref = st.SyncBatchNorm(3), nn.BatchNorm1d(3)
-        x = torch.randn(5, 3)
-        torch.testing.assert_close(bn(x), ref(x), rtol=0, atol=0)
-    finally:
-        dist.destroy_process_group()
+def test_world_size_one_returns_module_unchanged(one_rank_gloo, caplog):
+    model = small_model()
+    with caplog.at_level(logging.DEBUG, logger="safetorch"):
+        assert st.convert_sync_batchnorm(model) is model
+    assert type(model[1]) is nn.BatchNorm1d
+    assert "world size 1" in caplog.text
+    # st.SyncBatchNorm with one rank is plain BatchNorm
+    bn, ref = st.SyncBatchNorm(3), nn.BatchNorm1d(3)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(bn(x), ref(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -320,42 +325,110 @@ def test_portable_syncbn_without_process_group_equals_batchnorm(momentum, dtype)
         (torch.bfloat16, torch.float32),  # mixed precision: float32 parameters and statistics
     ],
 )
-def test_sync_function_matches_batch_norm_per_dtype(tmp_path, restore_excepthook, dtype, pdtype):
+def test_sync_function_matches_batch_norm_per_dtype(one_rank_gloo, dtype, pdtype):
     """CPU twin of tests/gpu's check: the all_reduce path (one gloo rank) equals F.batch_norm.
 
     Parameters and running statistics have the input's dtype, or float32 for a half input, as
     in torch's own BatchNorm; outputs and gradients come back in their own dtypes.
     """
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    torch.manual_seed(0)
+    x = (torch.randn(6, 4, 5, 5) * 2 + 3).to(dtype)
+    weight = torch.rand(4, dtype=pdtype, requires_grad=True)
+    bias = torch.rand(4, dtype=pdtype, requires_grad=True)
+    rm, rv = torch.zeros(4, dtype=pdtype), torch.ones(4, dtype=pdtype)
+    rm2, rv2 = rm.clone(), rv.clone()
+    w2 = weight.detach().clone().requires_grad_(True)
+    b2 = bias.detach().clone().requires_grad_(True)
+    a = x.clone().requires_grad_(True)
+    b = x.clone().requires_grad_(True)
+    group = dist.group.WORLD
+    ours = syncbn._SyncBatchNormFunction.apply(a, weight, bias, rm, rv, 1e-5, 0.1, group)
+    theirs = torch.nn.functional.batch_norm(b, rm2, rv2, w2, b2, True, 0.1, 1e-5)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert ours.dtype == theirs.dtype == dtype
+    torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol)
+    g = torch.randn_like(ours)
+    ours.backward(g)
+    theirs.backward(g)
+    assert weight.grad is not None and bias.grad is not None
+    assert weight.grad.dtype == bias.grad.dtype == pdtype
+    torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(weight.grad, w2.grad, rtol=tol * 10, atol=tol * 10)
+    torch.testing.assert_close(bias.grad, b2.grad, rtol=tol * 10, atol=tol * 10)
+    torch.testing.assert_close(rm, rm2, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rv, rv2, rtol=1e-4, atol=1e-4)
+
+
+def _sync_output(group):
+    x = torch.randn(6, 4, 3, requires_grad=True)
+    weight = torch.rand(4, requires_grad=True)
+    bias = torch.rand(4, requires_grad=True)
+    return syncbn._SyncBatchNormFunction.apply(
+        x, weight, bias, torch.zeros(4), torch.ones(4), 1e-5, 0.1, group
+    )
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["no-backward", "backward"])
+def test_sync_graph_does_not_own_the_process_group(tmp_path, backward):
+    """An output's autograd graph (its ctx) holds no reference to the group (issue 27)."""
+    with outlived_gloo_group(tmp_path) as group:
+        out = _sync_output(group())
+        if backward:
+            out.sum().backward()
+    # the group died in destroy_process_group() although the graph is still alive
+    assert group() is None
+    assert out.grad_fn is not None
+    del out
+
+
+def test_sync_backward_twice_with_retain_graph_and_on_the_default_group(one_rank_gloo):
+    out = _sync_output(dist.group.WORLD)
+    g = torch.randn_like(out)
+    out.backward(g, retain_graph=True)
+    out.backward(g)  # the group is looked up again: nothing was released by the first one
+    by_default = _sync_output(None)  # None: the default group, resolved by all_reduce
+    by_default.sum().backward()
+
+
+def test_sync_collective_tensors_outlive_the_call(one_rank_gloo):
+    """The tensors given to all_reduce stay alive from Python after forward and backward, so
+    gloo's worker thread never frees their Python objects (which needs the GIL)."""
+    syncbn._recent_collective_tensors.clear()
+    out = _sync_output(dist.group.WORLD)
+    assert [t.numel() for t in syncbn._recent_collective_tensors] == [2 * 4 + 1]  # statistics
+    out.sum().backward()
+    assert [t.numel() for t in syncbn._recent_collective_tensors] == [9, 2 * 4]  # + gradients
+    assert syncbn._recent_collective_tensors.maxlen == 8
+
+
+def test_sync_backward_after_destroy_says_so(tmp_path):
+    with outlived_gloo_group(tmp_path) as group:
+        out = _sync_output(group())
+    with pytest.raises(RuntimeError, match="destroyed .* before backward"):
+        out.sum().backward()
+
+
+def test_freeing_graphs_after_destroy_never_hangs(tmp_path):
+    """Issue 27 in a child process with a deadline: ``destroy_process_group()`` right after
+    backward, then outputs (backwarded or not) freed, 20 times. Before the fix their graphs
+    kept the group alive in every round (freeing them destroyed it inside a tensor
+    deallocation); with only that fixed, ``destroy_process_group()`` itself hung on Python 3.9
+    with torch 2.6.0 until the collective's tensors were kept alive (see
+    ``_syncbn_teardown_worker.py``; no hang either way on Python 3.11 with torch 2.13.0)."""
+    worker = os.path.join(os.path.dirname(__file__), "_syncbn_teardown_worker.py")
+    rounds = 20
     try:
-        torch.manual_seed(0)
-        x = (torch.randn(6, 4, 5, 5) * 2 + 3).to(dtype)
-        weight = torch.rand(4, dtype=pdtype, requires_grad=True)
-        bias = torch.rand(4, dtype=pdtype, requires_grad=True)
-        rm, rv = torch.zeros(4, dtype=pdtype), torch.ones(4, dtype=pdtype)
-        rm2, rv2 = rm.clone(), rv.clone()
-        w2 = weight.detach().clone().requires_grad_(True)
-        b2 = bias.detach().clone().requires_grad_(True)
-        a = x.clone().requires_grad_(True)
-        b = x.clone().requires_grad_(True)
-        group = dist.group.WORLD
-        ours = syncbn._SyncBatchNormFunction.apply(a, weight, bias, rm, rv, 1e-5, 0.1, group)
-        theirs = torch.nn.functional.batch_norm(b, rm2, rv2, w2, b2, True, 0.1, 1e-5)
-        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
-        assert ours.dtype == theirs.dtype == dtype
-        torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol)
-        g = torch.randn_like(ours)
-        ours.backward(g)
-        theirs.backward(g)
-        assert weight.grad is not None and bias.grad is not None
-        assert weight.grad.dtype == bias.grad.dtype == pdtype
-        torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
-        torch.testing.assert_close(weight.grad, w2.grad, rtol=tol * 10, atol=tol * 10)
-        torch.testing.assert_close(bias.grad, b2.grad, rtol=tol * 10, atol=tol * 10)
-        torch.testing.assert_close(rm, rm2, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(rv, rv2, rtol=1e-4, atol=1e-4)
-    finally:
-        dist.destroy_process_group()
+        out = subprocess.run(
+            [sys.executable, worker, str(tmp_path), str(rounds)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the teardown worker hung (freeing graphs after destroy_process_group): {exc}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result == {"rounds": rounds, "group_outlived_destroy": 0}
 
 
 def test_portable_syncbn_state_dict_interchangeable_with_torch_classes():
