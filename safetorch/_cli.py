@@ -24,7 +24,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     ),
     "ckpt": (
         "safetorch.checkpoint.cli",
-        "inspect, convert, diff or fit checkpoints (weights-only)",
+        "inspect, convert, diff, fit or verify checkpoints (weights-only)",
     ),
     "check": (
         "safetorch.check.cli",

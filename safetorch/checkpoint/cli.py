@@ -1164,7 +1164,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Register ``safetorch ckpt inspect|convert|diff|verify|fit``."""
     ckpt = subparsers.add_parser(
-        "ckpt", help="inspect, convert, diff or fit checkpoints (weights-only)"
+        "ckpt", help="inspect, convert, diff, fit or verify checkpoints (weights-only)"
     )
     sub = ckpt.add_subparsers(dest="ckpt_command", metavar="ACTION")
 

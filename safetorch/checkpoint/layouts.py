@@ -149,10 +149,12 @@ class Layout:
         model: torch.nn.Module,
         pairs: List[Tuple[str, str]],
         apply: Callable[[Dict[str, Any]], None],
+        direct: Optional[Mapping[str, torch.Tensor]] = None,
     ) -> None:
         """Read the source keys of ``pairs`` (``(target_key, full_source_key)``) and hand
         ``{target_key: value}`` batches to ``apply`` (``Module.load_state_dict``: ``assign=``
-        and load hooks honoured), about ``_BATCH_BYTES`` at a time."""
+        and load hooks honoured), about ``_BATCH_BYTES`` at a time. ``direct`` names targets
+        whose bytes a layout may read straight into (see ``model_state._direct_targets``)."""
         for batch in _batches(pairs, self._nbytes):
             values = self.read([s for _, s in batch])
             apply({t: values[s] for t, s in batch})
@@ -292,6 +294,33 @@ class ShardedIndex(Layout):
     def meta_view(self) -> Any:
         self._check_shards()
         return {key: self._meta[key] for key in self.weight_map}
+
+    def load_into(
+        self,
+        model: torch.nn.Module,
+        pairs: List[Tuple[str, str]],
+        apply: Callable[[Dict[str, Any]], None],
+        direct: Optional[Mapping[str, torch.Tensor]] = None,
+    ) -> None:
+        """Safetensors tensors go straight into ``direct`` targets with ``pread`` (one copy);
+        everything else through ``apply``."""
+        direct = direct or {}
+        self._check_shards()
+        rest: List[Tuple[str, str]] = []
+        by_shard: Dict[str, List[Tuple[str, str]]] = collections.defaultdict(list)
+        for target, source in pairs:
+            shard = self.weight_map[source]
+            if target in direct and self._is_safetensors(shard):
+                by_shard[shard].append((target, source))
+            else:
+                rest.append((target, source))
+        for shard, items in sorted(by_shard.items()):
+            header = self._headers[shard]
+            with reader.open_regular(shard, "shard", expect=self._identity[shard]) as f:
+                for target, source in items:
+                    if not header.read_into(f, source, direct[target]):
+                        rest.append((target, source))
+        super().load_into(model, rest, apply)
 
     def _nbytes(self, key: str) -> int:
         t = self._meta.get(key)
@@ -828,6 +857,7 @@ class DCPDirectory(Layout):
         model: torch.nn.Module,
         pairs: List[Tuple[str, str]],
         apply: Callable[[Dict[str, Any]], None],
+        direct: Optional[Mapping[str, torch.Tensor]] = None,
     ) -> None:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 

@@ -379,7 +379,8 @@ def _load_from_layout(
         result = _module_load_state_dict(model, batch, strict=False, **kwargs)
         unexpected.extend(k for k in result.unexpected_keys if k not in unexpected)
 
-    layout.load_into(model, pairs, apply)
+    direct = {} if kwargs.get("assign") else _direct_targets(model, to_load)
+    layout.load_into(model, pairs, apply, direct)
     report.unexpected.extend(k for k in unexpected if k not in report.unexpected)
     if report.strict and not report.ok:
         raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)

@@ -135,6 +135,34 @@ class RegularFile:
             got += len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def readinto(self, dest: torch.Tensor, offset: int) -> None:
+        """Fill the contiguous CPU tensor ``dest`` with its byte size from ``offset`` (a short
+        read is a truncated file)."""
+        n = dest.numel() * dest.element_size()
+        if n == 0:
+            return
+        if offset < 0 or offset + n > self.size:
+            self.pread(n, offset)  # raises: the record lies outside the file
+        with torch.no_grad():
+            flat = dest.detach().reshape(-1).view(torch.uint8)
+        view = memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers (its stubs do not say so)
+        fd = self.fh.fileno()
+        got = 0
+        while got < n:
+            if hasattr(os, "preadv"):
+                k = os.preadv(fd, [view[got:]], offset + got)
+            else:  # pragma: no cover - platforms without preadv (Windows)
+                data = os.pread(fd, n - got, offset + got)
+                view[got : got + len(data)] = data
+                k = len(data)
+            if k <= 0:
+                raise CheckpointError(
+                    f"{self.what} {self.path!r} was truncated while it was being read "
+                    f"({offset + got} of the {offset + n} bytes needed are there); the model "
+                    "may hold part of it: load it again"
+                )
+            got += k
+
     def read_all(self, limit: int) -> bytes:
         """The whole file, refusing one larger than ``limit`` bytes."""
         if self.size > limit:
@@ -290,6 +318,14 @@ class SafetensorsHeader:
             k: torch.empty(shape, dtype=dtype, device="meta")
             for k, (dtype, shape, _, _) in self.entries.items()
         }
+
+    def read_into(self, f: RegularFile, key: str, dest: torch.Tensor) -> bool:
+        """Read ``key`` straight into ``dest`` when dtype and shape agree (else ``False``)."""
+        dtype, shape, begin, _ = self.entries[key]
+        if dest.dtype != dtype or tuple(dest.shape) != shape:
+            return False
+        f.readinto(dest, self.data_start + begin)
+        return True
 
     def read(self, f: RegularFile, keys: List[str]) -> Dict[str, torch.Tensor]:
         """The tensors ``keys`` from the open file ``f`` (the same file: checked by identity)."""

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
-import os
 import struct
 import zipfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -144,10 +142,7 @@ class TorchFile:
                 and stride == _contiguous_strides(size)
                 and offset == first
             ):
-                with torch.no_grad():
-                    self._read_into(
-                        dest.detach().reshape(-1).view(torch.uint8), data_offset + first * es
-                    )
+                self._read_into(dest, data_offset + first * es)
                 continue
             plan.append(
                 (target, self._where[id(value)], data_offset + first * es, (end - first) * es)
@@ -175,25 +170,7 @@ class TorchFile:
             apply(batch)
 
     def _read_into(self, buf: torch.Tensor, start: int) -> None:
-        n = buf.numel()
-        if n == 0:
-            return
-        view = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers (its stubs do not say so)
-        fd = self.file.fh.fileno()
-        got = 0
-        while got < n:
-            k = os.preadv(fd, [view[got:]], start + got) if hasattr(os, "preadv") else 0
-            if not hasattr(os, "preadv"):
-                data = os.pread(fd, n - got, start + got)
-                view[got : got + len(data)] = data
-                k = len(data)
-            if k <= 0:
-                raise CheckpointError(
-                    f"checkpoint {self.path!r} was truncated while it was being read "
-                    f"({start + got} of the {start + n} bytes needed are there); the model may "
-                    "hold part of it: load it again"
-                )
-            got += k
+        self.file.readinto(buf, start)
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -332,6 +309,3 @@ def _covered(obj: Any, where: Dict[int, _Where], depth: int = 0) -> bool:
     return not hasattr(obj, "__dict__") or not any(
         isinstance(v, torch.Tensor) for v in vars(obj).values()
     )
-
-
-_unused = math
