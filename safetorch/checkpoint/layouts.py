@@ -905,6 +905,8 @@ def resolve(path: Any) -> Optional[Layout]:
             return ShardedIndex(p, f"shard index {os.path.basename(p)}")
         return None
     if not os.path.isdir(p):
+        if os.path.exists(p):  # a FIFO, socket or device: refused here, never opened
+            reader.open_regular(p, "checkpoint").close()
         return None  # st.load reports the missing file
     names = set(os.listdir(p))
     if DCP_METADATA in names:
