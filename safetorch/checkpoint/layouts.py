@@ -369,6 +369,9 @@ _DCP_METADATA_GLOBALS = (
     "torch.distributed.checkpoint.metadata.MetadataIndex",
     "torch.distributed.checkpoint.metadata.StorageMeta",
     "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+    # torch 2.0-2.1's DCP pickles sharded_tensor's TensorProperties (moved into DCP in 2.2)
+    "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
+    "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.distributed.checkpoint.filesystem._StoragePrefix",
     "pathlib.PosixPath",

@@ -170,8 +170,8 @@ class RegularFile:
                 f"{self.what} {self.path!r} is {self.size} bytes, more than the {limit} a "
                 f"{self.what} may take; it is not a valid {self.what}"
             )
-        data = self.fh.read(limit + 1)
-        if len(data) > limit:
+        data = self.fh.read(self.size + 1)  # never a buffer of `limit` bytes up front
+        if len(data) > min(limit, self.size):
             raise CheckpointError(f"{self.what} {self.path!r} grew while it was being read")
         return data
 

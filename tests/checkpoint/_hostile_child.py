@@ -354,7 +354,11 @@ def _preload() -> None:
     """What a case may import lazily, imported before the fingerprint (importing
     torch.distributed.tensor registers DTensor's classes as torch safe globals)."""
     import torch  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
+
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+    except ImportError:  # torch < 2.0 has no DCP
+        pass
 
     try:
         import torch.distributed.tensor  # noqa: F401

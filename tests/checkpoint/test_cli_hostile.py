@@ -35,8 +35,9 @@ def _runner(tmp_path: Path) -> Path:
     return script
 
 
-def _cap_memory() -> None:  # in the child, before exec: 2 GB of address space
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+def _cap_memory() -> None:  # in the child, before exec: 6 GB of address space
+    # (a CUDA build of torch maps ~3 GB of libraries at import; the expanded views ask 16 GB)
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
 
 def _run(args: List[str], cwd: Path, runner: Path, capped: bool = False):

@@ -63,7 +63,7 @@ needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfi
 
 DEADLINE = 60.0  # seconds a case may take
 FIFO_DEADLINE = 30.0  # a FIFO case hangs or not: a shorter deadline keeps the suite bounded
-AS_LIMIT = 3 << 30  # address space of the children
+AS_LIMIT = 8 << 30  # address space of the children (CUDA wheels map ~3.3 GB at import)
 
 
 # --- the child ---------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def _dcp_save(state, path):
         if hasattr(dcp, "save"):
             dcp.save(state, checkpoint_id=str(path))
         else:
-            dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(str(path)))
+            dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
 
 
 @needs_dcp

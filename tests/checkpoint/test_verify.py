@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import safetorch as st
+from safetorch import _compat
 from safetorch._cli import main
 from safetorch.checkpoint.verify import VerifyReport, check_file, verify_checkpoint, verify_file
 from safetorch.errors import CheckpointError
@@ -60,9 +61,10 @@ def test_a_flipped_byte_is_found_where_torch_checks_nothing(flipped: tuple) -> N
     # torch (weights-only, mmap or not) loads the corrupt file silently: a wrong weight
     silent = torch.load(path, weights_only=True)["w"]
     assert not silent.equal(torch.arange(1000, dtype=torch.float32))
-    assert not torch.load(path, weights_only=True, mmap=True)["w"].equal(
-        torch.arange(1000, dtype=torch.float32)
-    )
+    if _compat.LOAD_HAS_MMAP:  # torch >= 2.1
+        assert not torch.load(str(path), weights_only=True, mmap=True)["w"].equal(
+            torch.arange(1000, dtype=torch.float32)
+        )
     assert st.load(path)["w"].equal(silent)  # st.load without verify: what torch does
     report = verify_file(path)
     assert not report.ok
