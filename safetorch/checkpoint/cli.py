@@ -27,7 +27,7 @@ import torch
 
 from safetorch import _compat
 from safetorch._atomic import atomic_write
-from safetorch.checkpoint import _unpickler, formats, layouts
+from safetorch.checkpoint import _unpickler, formats, layouts, reader
 from safetorch.checkpoint.keys import (
     _leading_prefixes,
     _wrapper_segments_in,
@@ -896,7 +896,7 @@ def _readable_file(path: str, what: str = "checkpoint") -> None:
         mode = None
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         raise _BadInput(
-            f"{path!r} is {_kind(mode)}, not a regular file; a {what} is read only from a "
+            f"{path!r} is {reader.file_kind(mode)}, not a regular file; a {what} is read only from a "
             "regular file (copy it to one first)"
         )
     if not os.path.exists(path):
@@ -922,16 +922,6 @@ def _writable_target(path: str) -> None:
         raise _BadInput(
             f"cannot write {path!r}: directory {parent} does not exist; create it first"
         )
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
 
 
 def _one_line(exc: BaseException) -> str:

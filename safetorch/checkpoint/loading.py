@@ -566,7 +566,7 @@ def _load(
     )
 
 
-def load_checked(f: IO[bytes], display: str) -> Any:
+def load_checked(f: IO[bytes], display: Optional[str] = None) -> Any:
     """Weights-only load of an open binary file (one the checkpoint reader opened, or a record's
     bytes), read into memory, never mapped, onto the CPU; failures name ``display``."""
     return _load(

@@ -36,7 +36,6 @@ from safetorch.checkpoint.keys import (
 from safetorch.checkpoint.loading import (
     FileLike,
     _is_path,
-    _load,
     load_checked,
 )
 from safetorch.checkpoint.report import LoadReport
@@ -394,15 +393,6 @@ def load_for_copy(source: Any) -> Any:
     ``CheckpointError`` or the old bytes, never ``SIGBUS`` or garbage.
     """
     if not _is_path(source):
-        return _load(
-            source,
-            "cpu",
-            None,
-            weights_only=True,
-            mmap=False,
-            allow=(),
-            encoding="utf-8",
-            mmap_for_copy=False,
-        )
+        return load_checked(source)
     with reader.open_regular(source, "checkpoint") as f:
         return load_checked(f.fh, repr(f.path))

@@ -60,7 +60,8 @@ _O_FLAGS |= getattr(os, "O_BINARY", 0)
 Identity = Tuple[int, int, int, int]
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular ``st_mode`` is, for errors ("a FIFO (named pipe)", ...)."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -96,7 +97,7 @@ class RegularFile:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise CheckpointError(
-                    f"{what} {path!r} is {_kind(st.st_mode)}, not a regular file; a checkpoint "
+                    f"{what} {path!r} is {file_kind(st.st_mode)}, not a regular file; a checkpoint "
                     "is read only from regular files"
                 )
             if expect is not None and identity(st) != expect:
