@@ -191,6 +191,17 @@ HAS_DCP: bool = _flag(
     "importlib.util.find_spec('torch.distributed.checkpoint')",
 )
 
+# dcp.save / dcp.load (with checkpoint_id=, and without a process group) replaced
+# save_state_dict / load_state_dict (which need no_dist=True without one). A release check:
+# detecting it means importing torch.distributed.checkpoint (~0.3 s) at import time.
+DCP_HAS_SAVE_LOAD: bool = _flag(
+    "DCP_HAS_SAVE_LOAD",
+    HAS_DCP and TORCH_RELEASE >= (2, 2),
+    "2.2",
+    "torch/distributed/checkpoint/state_dict_saver.py",
+    "release >= 2.2 (importing DCP to look costs ~0.3 s)",
+)
+
 
 # --- legacy APIs (the `legacy` patch fills only the gaps these flags report) ----------------
 # Legacy behaviours that are the same on every supported torch (>= 1.13) are not flags: torch

@@ -710,7 +710,7 @@ def dcp_load(
         kwargs["planner"] = planner
     try:
         with _single_process_quiet():
-            if hasattr(dcp, "load"):
+            if _compat.DCP_HAS_SAVE_LOAD:
                 dcp.load(state_dict, **kwargs)
             else:
                 from safetorch import _dist
@@ -972,18 +972,26 @@ def dcp_to_object(directory: str) -> Any:
 def save_dcp(obj: Mapping[str, Any], directory: str) -> None:
     """Write ``obj`` as a DCP directory on one process, atomically (``_atomic``'s directory
     writer: a temp sibling, then a rename over ``directory``, which it replaces)."""
+    atomic_write_dir(directory, lambda tmp: dcp_save(obj, tmp))
+
+
+def dcp_save(obj: Mapping[str, Any], directory: str) -> None:
+    """``torch.distributed.checkpoint.save`` of ``obj`` into ``directory`` (no atomicity: the
+    caller writes into a temp directory), with or without a process group, without DCP's
+    single-process and torch-internal warnings."""
     import torch.distributed.checkpoint as dcp
 
-    def write(tmp: str) -> None:
-        with _single_process_quiet():
-            if hasattr(dcp, "save"):  # torch 2.2+
-                dcp.save(dict(obj), checkpoint_id=tmp)
-            else:
-                dcp.save_state_dict(
-                    dict(obj), storage_writer=dcp.FileSystemWriter(tmp), no_dist=True
-                )
+    from safetorch import _dist
 
-    atomic_write_dir(directory, write)
+    with _single_process_quiet():
+        if _compat.DCP_HAS_SAVE_LOAD:
+            dcp.save(dict(obj), checkpoint_id=directory)
+        else:
+            dcp.save_state_dict(
+                dict(obj),
+                storage_writer=dcp.FileSystemWriter(directory),
+                no_dist=not _dist.initialized(),
+            )
 
 
 def parse_size(text: str) -> int:

@@ -193,7 +193,6 @@ def save_state(path: Any, /, **objects: Any) -> str:
 def _save_dcp(
     path: str, objects: Mapping[str, Any], models: Mapping[str, nn.Module], rng: Dict[str, Any]
 ) -> str:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -221,10 +220,7 @@ def _save_dcp(
     # Every rank writes its shards into one temp directory (rank 0 names it), then rank 0
     # swaps it in: safetorch._atomic's directory replacement, as save_dcp on one process.
     tmp = plain.broadcast_from_rank0(_atomic.temp_sibling(path))
-    if hasattr(dcp, "save"):  # torch 2.2+
-        dcp.save(state, checkpoint_id=tmp)
-    else:
-        dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(tmp))
+    layouts.dcp_save(state, tmp)
     _barrier()  # every rank's shards are written and DCP's .metadata is last
     if _rank() == 0:
         _atomic.replace_dir(tmp, path)

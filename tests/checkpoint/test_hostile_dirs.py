@@ -628,8 +628,11 @@ def test_short_storage_record_is_refused(tmp_path, run_case, layout):
         victim = d / "pytorch_model.bin"
         torch.save(TRUSTED, victim)
     assert D.truncate_storage_record(str(victim)), "no */data/0 record"
-    rt = run_case("torch_load", victim)  # side by side: torch refuses the file
-    assert rt["status"] == "exit" and rt["outcome"] == "raised", summary(rt)
+    # side by side: torch refuses the file where its reader compares a storage with its record
+    # (pytorch#165553, Oct 2025); earlier releases load it, reading past the record. safetorch
+    # refuses it on every torch.
+    rt = run_case("torch_load", victim)
+    assert rt["status"] == "exit" and rt["outcome"] in ("raised", "loaded"), summary(rt)
     r = run_case("load_state_dict", d, expected=TRUSTED)
     assert_refused(r)
     assert r["unchanged"], summary(r)
