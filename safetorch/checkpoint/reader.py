@@ -138,7 +138,14 @@ class RegularFile:
 
     def readinto(self, dest: torch.Tensor, offset: int) -> None:
         """Fill the contiguous CPU tensor ``dest`` with its byte size from ``offset`` (a short
-        read is a truncated file)."""
+        read is a truncated file).
+
+        The bytes go straight into ``dest``'s memory, so its autograd version counter is bumped
+        as ``copy_`` would bump it: a graph that saved ``dest`` then refuses to backward
+        through the changed values instead of using them silently.
+        """
+        if not dest.is_contiguous():
+            raise ValueError("readinto needs a contiguous tensor")
         n = dest.numel() * dest.element_size()
         if n == 0:
             return
@@ -163,6 +170,8 @@ class RegularFile:
                     "may hold part of it: load it again"
                 )
             got += k
+        with torch.no_grad():  # an in-place op on an empty view: the version bump, no work
+            dest.view(-1)[:0].zero_()
 
     def read_all(self, limit: int) -> bytes:
         """The whole file, refusing one larger than ``limit`` bytes."""

@@ -434,3 +434,41 @@ def test_averaged_model_counter_loads_from_directories(tmp_path, layout):
     into_averaged = AveragedModel(nn.Linear(2, 2))
     assert st.load_state_dict(into_averaged, tmp_path / "ckpt").ok
     assert int(into_averaged.n_averaged) == 2
+
+
+@pytest.mark.parametrize("layout", ["file", "safetensors", "shards"])
+def test_direct_reads_bump_the_version_counter_as_copy_does(tmp_path, layout: str) -> None:
+    """Bytes read straight into a parameter count as an in-place change, as torch's
+    load_state_dict (``param.copy_``) counts it: backward through a graph that saved the old
+    values raises instead of silently using the new ones."""
+    model = torch.nn.Linear(64, 64)
+    state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    if layout == "file":
+        path = tmp_path / "m.pt"
+        torch.save(state, path)
+    else:
+        safetensors_torch = pytest.importorskip("safetensors.torch")
+        if layout == "safetensors":
+            path = tmp_path / "m.safetensors"
+            safetensors_torch.save_file(state, str(path))
+        else:
+            path = tmp_path / "shards"
+            path.mkdir()
+            index = {"metadata": {}, "weight_map": {}}
+            for i, (k, v) in enumerate(state.items()):
+                name = f"model-{i:05d}.safetensors"
+                safetensors_torch.save_file({k: v}, str(path / name))
+                index["weight_map"][k] = name
+            (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    for loader in ("torch", "safetorch"):
+        x = torch.randn(2, 64, requires_grad=True)
+        out = (model(x) * model.weight.sum()).sum()  # saves weight for backward
+        before = model.weight._version
+        if loader == "torch":
+            model.load_state_dict(state)
+        else:
+            st.load_state_dict(model, path)
+        assert model.weight._version > before, loader
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.backward()
+        assert torch.equal(model.weight.detach(), state["weight"])
