@@ -884,7 +884,24 @@ class DCPDirectory(Layout):
             # destination (load hooks do not run for these; the values are DCP's).
             dest = {s: targets[t].detach() for t, s in sharded}
             dcp_load(dest, self.path, checked=self.checked, allow_bytes=False)
-        plain = [(t, s) for t, s in pairs if type(targets[t]).__name__ != "DTensor"]
+        plain: List[Tuple[str, str]] = []
+        inplace: Dict[str, torch.Tensor] = {}
+        for t, s in pairs:
+            if type(targets[t]).__name__ == "DTensor":
+                continue
+            md, dest = entries.get(s), (direct or {}).get(t)
+            if (
+                dest is not None
+                and isinstance(md, TensorStorageMetadata)
+                and tuple(md.size) == tuple(dest.shape)
+                and md.properties.dtype == dest.dtype
+                and s not in inplace
+            ):
+                inplace[s] = dest.detach()  # the reader copies each record straight into it
+            else:
+                plain.append((t, s))
+        if inplace:
+            dcp_load(inplace, self.path, checked=self.checked, allow_bytes=False)
         for batch in _batches(plain, self._nbytes):
             values = self.read([s for _, s in batch])
             apply({t: values[s] for t, s in batch})

@@ -436,7 +436,7 @@ def test_averaged_model_counter_loads_from_directories(tmp_path, layout):
     assert int(into_averaged.n_averaged) == 2
 
 
-@pytest.mark.parametrize("layout", ["file", "safetensors", "shards"])
+@pytest.mark.parametrize("layout", ["file", "safetensors", "shards", "dcp"])
 def test_direct_reads_bump_the_version_counter_as_copy_does(tmp_path, layout: str) -> None:
     """Bytes read straight into a parameter count as an in-place change, as torch's
     load_state_dict (``param.copy_``) counts it: backward through a graph that saved the old
@@ -446,6 +446,11 @@ def test_direct_reads_bump_the_version_counter_as_copy_does(tmp_path, layout: st
     if layout == "file":
         path = tmp_path / "m.pt"
         torch.save(state, path)
+    elif layout == "dcp":
+        if not _compat.HAS_DCP:
+            pytest.skip("DCP needs torch >= 2.0")
+        path = tmp_path / "dcp"
+        layouts.save_dcp(state, str(path))
     else:
         safetensors_torch = pytest.importorskip("safetensors.torch")
         if layout == "safetensors":
@@ -472,3 +477,26 @@ def test_direct_reads_bump_the_version_counter_as_copy_does(tmp_path, layout: st
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.backward()
         assert torch.equal(model.weight.detach(), state["weight"])
+
+
+@needs_dcp
+def test_dcp_reads_in_place_only_where_no_load_hook_could_see_the_values(tmp_path) -> None:
+    """DCP records are copied straight into plain targets; a model with a load hook gets them
+    through Module.load_state_dict, so the hook sees (and may change) every value."""
+    state = {k: torch.randn_like(v) for k, v in nn.Linear(8, 8).state_dict().items()}
+    layouts.save_dcp(state, str(tmp_path / "dcp"))
+    plain = nn.Linear(8, 8)
+    st.load_state_dict(plain, tmp_path / "dcp")
+    assert torch.equal(plain.weight.detach(), state["weight"])
+    hooked = nn.Linear(8, 8)
+    seen = []
+
+    def hook(sd, prefix, *args):
+        seen.extend(sorted(sd))
+        sd[prefix + "bias"] = sd[prefix + "bias"] + 1
+
+    hooked._register_load_state_dict_pre_hook(hook)
+    st.load_state_dict(hooked, tmp_path / "dcp")
+    assert seen == ["bias", "weight"]
+    assert torch.equal(hooked.bias.detach(), state["bias"] + 1)
+    assert torch.equal(hooked.weight.detach(), state["weight"])
