@@ -1,36 +1,40 @@
 """APIs that newer torch removed or changed, as the last torch release that had them defined them.
 
-Legacy (PyTorch 0.4 - 1.x) code fails on torch 2.x for reasons that have nothing to do with
+Legacy (PyTorch 0.3 - 1.x) code fails on torch 2.x for reasons that have nothing to do with
 what it computes: ``from torch._six import string_classes`` is gone, ``torch.solve(B, A)`` and
 its siblings raise "deprecated since version 1.9 and is now removed", a legacy autograd
 Function (instance ``forward``/``backward``) raises, ``loss.data[0]`` raises an IndexError,
-and ``Variable(x, volatile=True)`` silently builds a graph. This module is the one
-implementation of each old meaning, built on the modern API; the ``legacy`` patch family
-(``st.patch("legacy")``, on in ``safetorch run``) routes the old entry points here and
-``safetorch check`` (ST017-ST024) rewrites call sites into the modern spelling.
+``Variable(x, volatile=True)`` silently builds a graph and ``type(h) == Variable`` is False for
+every tensor. This module is the one implementation of each old meaning, built on the modern
+API; the ``legacy`` patch family (``st.patch("legacy")``, on in ``safetorch run``) routes the
+old entry points here and ``safetorch check`` (ST017-ST024) rewrites call sites into the
+modern spelling.
 
 Semantics are taken from torch's own documentation and sources of the releases that still
 had each API (``torch/_torch_docs.py`` of the 1.x series for ``solve``, ``eig``, ``lstsq``,
 ``symeig``; ``aten/src/ATen/native/LinearAlgebra.cpp`` for ``matrix_rank``; ``torch/_six.py``
-of 1.5; ``python_variable_indexing.cpp`` of 0.4 for indexing a 0-dim tensor;
+of 1.5; 0.3's one-element tensors and ``python_variable_indexing.cpp`` of 0.4 for indexing a
+0-dim tensor; ``torch/autograd/variable.py`` of 0.3 for ``Variable``;
 ``torch/nn/_reduction.py`` for ``size_average``/``reduce``).
 """
 
 from __future__ import annotations
 
 import collections.abc
+import copy
 import inspect
 import io
 import math
+import operator
 import queue
 import sys
 import types
 import warnings
-from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 
-from safetorch._stack import user_stacklevel
+from safetorch._stack import user_frame, user_stacklevel
 from safetorch.errors import PatchWarning
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "is_legacy_function",
     "volatile",
     "VolatileTensor",
+    "is_variable_type",
     "zero_dim_index",
     "reduction",
     "SolveResult",
@@ -556,15 +561,31 @@ def legacy_function(fn: Any, *args: Any) -> Any:
 
 
 # --- Variable(..., volatile=True) ------------------------------------------------------------
+_plain = torch.Tensor
+# The C getset descriptor behind ``x.data`` (torch's stubs type it as a Tensor).
+_tensor_data: Any = torch.Tensor.data
+
+
 class VolatileTensor(torch.Tensor):
     """A tensor marked ``volatile`` as in torch <= 0.3: every result computed from it is
     computed under ``torch.no_grad()`` and is volatile too, so no graph is recorded.
 
+    Volatility propagates to exactly what a volatile ``Variable`` of 0.3 passed it on to:
+    the tensor results of torch functions, Tensor methods and operators on it (modules
+    included), its views, ``.detach()``, rows met by iterating it, and ``copy.deepcopy``.
+    It does not reach ``.data`` (a plain tensor, as 0.3's ``Variable.data`` was a plain
+    ``Tensor``), Python numbers (``.item()``, ``.tolist()``, ``x[0]`` of a 0-dim result
+    under ``st.patch("legacy")``), NumPy arrays (``.numpy()``, ``numpy.asarray``),
+    formatting (``format(x, spec)`` and f-strings give what a plain tensor gives) or
+    pickling (``torch.save``, ``pickle``, ``copy.copy``, multiprocessing queues write a
+    plain tensor, which ``torch.load(weights_only=True)`` reads back). Hashing and
+    equality are a plain tensor's (by identity, elementwise).
+
     >>> import torch, safetorch as st
     >>> w = torch.ones(2, requires_grad=True)
     >>> y = st.legacy.volatile(torch.ones(2)) * w
-    >>> y.requires_grad, y.volatile
-    (False, True)
+    >>> y.requires_grad, y.volatile, type(y.data).__name__
+    (False, True, 'Tensor')
     """
 
     volatile = True
@@ -576,6 +597,32 @@ class VolatileTensor(torch.Tensor):
         with torch.no_grad():
             return super().__torch_function__(func, types, args, kwargs or {})
 
+    @property
+    def data(self) -> torch.Tensor:
+        """The plain tensor behind this one (no volatility), as 0.3's ``Variable.data``."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return _tensor_data.__get__(self).as_subclass(_plain)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        _tensor_data.__set__(self, value)
+
+    def __format__(self, format_spec: str) -> str:
+        # torch formats a 0-dim tensor as its number only when type(x) is Tensor.
+        return self.as_subclass(_plain).__format__(format_spec)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickle the plain tensor: a file never needs safetorch (or an allowlist) to load.
+        return self.as_subclass(_plain).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "VolatileTensor":
+        # torch's default refuses subclasses whose new_empty() returns a plain tensor.
+        if id(self) not in memo:
+            memo[id(self)] = copy.deepcopy(self.as_subclass(_plain), memo).as_subclass(
+                VolatileTensor
+            )
+        return memo[id(self)]
+
 
 def volatile(data: torch.Tensor) -> VolatileTensor:
     """``Variable(data, volatile=True)`` as its authors meant it: no graph from here on.
@@ -583,13 +630,18 @@ def volatile(data: torch.Tensor) -> VolatileTensor:
     Returns ``data`` (sharing memory, no history) as a :class:`VolatileTensor`: results
     of any torch operation on it (modules included) are computed under ``torch.no_grad()``
     and are volatile themselves, which is what ``volatile=True`` meant up to torch 0.3
-    ("volatile is infectious"). The modern spelling is ``with torch.no_grad():``.
+    ("volatile is infectious"); :class:`VolatileTensor` lists what volatility does not
+    reach (``.data``, numbers, arrays, formatting, saved files). The modern spelling is
+    ``with torch.no_grad():``.
 
     Args:
         data: The tensor to wrap.
 
     Returns:
         The volatile tensor.
+
+    Raises:
+        TypeError: ``data`` is not a tensor.
 
     >>> import torch, safetorch as st
     >>> model = torch.nn.Linear(2, 1)
@@ -601,37 +653,109 @@ def volatile(data: torch.Tensor) -> VolatileTensor:
     return data.detach().as_subclass(VolatileTensor)
 
 
-# --- x[0] of a 0-dim tensor ------------------------------------------------------------------
-def zero_dim_index(x: torch.Tensor, index: Any) -> torch.Tensor:
-    """``x[index]``, where ``x[0]`` of a 0-dim tensor is ``x`` itself, as torch 0.4 did.
+# --- type(x) == Variable ---------------------------------------------------------------------
+def is_variable_type(cls: Any) -> bool:
+    """Whether ``type(x) == Variable`` meant "x is a Variable" for tensors of type ``cls``.
 
-    torch 0.4 returned an alias of the 0-dim tensor for index ``0`` (the value that
-    ``loss.data[0]`` meant) with a warning, and torch 0.5+ raises ``IndexError``. This
-    returns the alias with a :class:`~safetorch.errors.PatchWarning` at the caller's line
-    naming ``.item()``; every other index is torch's own ``x[index]``.
+    Up to torch 0.3 ``type(h) == Variable`` told a Variable from a tuple of them (the word
+    language model's ``repackage_hidden``); since 0.4 a tensor's type is ``torch.Tensor``
+    and the test is False, so such code recurses into the tensor until it iterates a
+    0-dim one. True for ``torch.Tensor`` and :class:`VolatileTensor` (a volatile
+    ``Variable``); False for ``nn.Parameter`` (its own class in 0.3 as well) and other
+    subclasses. ``st.patch("legacy")`` makes ``type(x) == Variable`` use it;
+    ``isinstance(x, Variable)`` is True for every tensor in plain torch already. The modern
+    spelling is ``isinstance(x, torch.Tensor)``.
+
+    Args:
+        cls: A class, usually ``type(x)``.
+
+    Returns:
+        Whether 0.3's ``type(x) == Variable`` would have been True.
+
+    >>> import torch, safetorch as st
+    >>> st.legacy.is_variable_type(torch.Tensor), st.legacy.is_variable_type(torch.nn.Parameter)
+    (True, False)
+    """
+    return cls is _plain or cls is VolatileTensor
+
+
+# --- x[0] of a 0-dim tensor ------------------------------------------------------------------
+_warned_lines: Set[Tuple[str, int]] = set()  # (file, line) of each call site warned about
+
+
+def _warn_once_per_line(message: str) -> None:
+    """A PatchWarning at the user's line, the first time that line gets here."""
+    frame = user_frame()
+    if frame is not None:
+        line = (frame.f_code.co_filename, frame.f_lineno)
+        if line in _warned_lines:
+            return
+        _warned_lines.add(line)
+    warnings.warn(message, PatchWarning, stacklevel=user_stacklevel())
+
+
+def _forget_warned_lines() -> None:
+    """Warn again at every line (``st.patch("legacy")`` calls this when it turns on)."""
+    _warned_lines.clear()
+
+
+def _first_or_last(index: Any) -> bool:
+    """``index`` is the integer 0 or -1 (an int or NumPy integer; not a bool or tensor)."""
+    if type(index) is int:
+        return index == 0 or index == -1
+    if isinstance(index, (bool, torch.Tensor)):
+        return False
+    try:
+        value = operator.index(index)
+    except TypeError:
+        return False
+    return value == 0 or value == -1
+
+
+def zero_dim_index(x: torch.Tensor, index: Any) -> Any:
+    """``x[index]``, where ``x[0]`` / ``x[-1]`` of a 0-dim tensor is its Python number.
+
+    Up to torch 0.3 a loss was a one-element tensor and ``loss.data[0]`` its Python
+    number; since 0.4 it is 0-dim, and ``[0]`` raises ``IndexError`` from 0.5 on. This
+    returns ``x.item()`` for index ``0`` or ``-1`` of a 0-dim ``x`` of any class
+    (``VolatileTensor``, user subclasses), so formatting, dict keys, ``json``,
+    ``isinstance(v, float)`` and arithmetic see the number 0.3 gave. One exception keeps
+    gradients: a 0-dim ``x`` that requires grad while grad mode is on gives ``x`` itself
+    (an alias in the graph), as 0.3's ``Variable[0]`` gave a Variable and 0.4 an alias.
+    A :class:`~safetorch.errors.PatchWarning` names each call site once. Every other
+    ``x[index]`` is torch's own, including ``x[...]``, which returns a 0-dim view on every
+    torch (and a tensor in 0.3): only calls that raise in plain torch change.
 
     Args:
         x: A tensor.
         index: The index.
 
     Returns:
-        ``x[index]``.
+        ``x.item()``, ``x`` (requires grad), or ``x[index]``.
+
+    Raises:
+        IndexError: ``x[index]`` raises (any other index of a 0-dim tensor, for one).
 
     >>> import torch, warnings, safetorch as st
     >>> with warnings.catch_warnings():
     ...     warnings.simplefilter("ignore")
     ...     st.legacy.zero_dim_index(torch.tensor(2.5), 0)
-    tensor(2.5000)
+    2.5
     """
-    if type(index) is int and index == 0 and x.dim() == 0:
-        warnings.warn(
-            "x[0] of a 0-dim tensor (loss.data[0]) returns the tensor itself, as torch 0.4 "
-            "did; use x.item() for the Python number (safetorch check --fix rewrites it)",
-            PatchWarning,
-            stacklevel=user_stacklevel(),
+    if not (_first_or_last(index) and x.dim() == 0) or x.is_meta:
+        return x[index]
+    if x.requires_grad and torch.is_grad_enabled():
+        _warn_once_per_line(
+            "x[0] of a 0-dim tensor that requires grad returns the tensor itself (its "
+            "graph kept, as torch 0.3's Variable[0] and 0.4 did); write x, or x.item() "
+            "for the Python number (safetorch check --fix rewrites loss.data[0])"
         )
         return torch.ops.aten.alias(x)
-    return x[index]
+    _warn_once_per_line(
+        "x[0] of a 0-dim tensor (loss.data[0]) returns its Python number, as torch 0.3 "
+        "did; write x.item() (safetorch check --fix rewrites it)"
+    )
+    return x.item()
 
 
 # --- size_average / reduce -------------------------------------------------------------------

@@ -44,10 +44,11 @@ def _may_warn(index: Any) -> bool:
     return False
 
 
-# Set by the ``legacy`` patch while it is on: called with (x, args) when torch's indexing raised
-# IndexError; returns the legacy result (x[0] of a 0-dim tensor) or _UNHANDLED. The IndexError
-# path is the only place it is read, so indexing that succeeds pays nothing for it (a `try`
-# costs nothing in CPython >= 3.11 until something raises).
+# Set by the ``legacy`` patch while it is on: called with (x, args) when torch's indexing (or
+# st.checked_index) raised IndexError; returns the legacy result (x[0] / x[-1] of a 0-dim
+# tensor of any class: a subclass's __torch_function__ re-enters this wrapper) or _UNHANDLED.
+# The IndexError path is the only place it is read, so indexing that succeeds pays nothing for
+# it (a `try` costs nothing in CPython >= 3.11 until something raises).
 _UNHANDLED = object()
 on_index_error: Optional[Callable[[Any, Tuple[Any, ...]], Any]] = None
 
@@ -86,8 +87,11 @@ def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[st
     if registry.compiling():  # a checked index syncs the host: not inside a graph
         return wrapped(*args, **kwargs)
     registry.record(_NAME, f"x[index] -> st.checked_index ({instance.device.type})")
-    with registry.reentry(_NAME):
-        return registry.call_attributing_warnings(_tensor.checked_index, instance, args[0])
+    try:
+        with registry.reentry(_NAME):
+            return registry.call_attributing_warnings(_tensor.checked_index, instance, args[0])
+    except IndexError:  # checked before the kernel: the legacy x[0] of a 0-dim tensor too
+        return _after_index_error(instance, args, kwargs)
 
 
 def _bind(

@@ -3,10 +3,17 @@
 Each shim fills a gap only where ``_compat`` reports one on the running torch (a torch that
 still has a working ``torch.solve`` keeps it): ``torch._six`` (a module installed while the
 patch is on), ``torch.solve/lstsq/eig/symeig/matrix_rank`` and their Tensor methods, a legacy
-autograd Function called as ``Fn()(x)``, ``Variable(x, volatile=True)``, ``x[0]`` of a 0-dim
-tensor (through the ``Tensor.__getitem__`` wrapper shared with the ``index`` patch) and the
+autograd Function called as ``Fn()(x)``, ``Variable(x, volatile=True)``, ``type(x) ==
+Variable`` (through ``VariableMeta.__eq__``), ``x[0]`` / ``x[-1]`` of a 0-dim tensor (through
+the ``Tensor.__getitem__`` wrapper shared with the ``index`` patch) and the
 ``size_average=``/``reduce=`` loss arguments (mapped without the warning). Every changed call
 is recorded with its modern spelling, which ``safetorch check --fix`` writes.
+
+While the patch is on, a child made by ``os.fork()`` (``torch.multiprocessing``'s default on
+Linux: Hogwild training, fork-started workers) runs with one intra-op thread, torch's own
+remedy for the fork-after-OpenMP deadlock (its DataLoader workers do the same), unless
+``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set or the program called
+``torch.set_num_threads`` while the patch was on.
 
 Off in ``st.patch()`` unless named (or ``"all"``); on in ``safetorch run``.
 """
@@ -19,7 +26,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from safetorch import _compat
+from safetorch import _compat, _stack
 from safetorch import legacy as _impl
 from safetorch.patching import index as _index
 from safetorch.patching import registry
@@ -45,7 +52,11 @@ _LINALG: Dict[str, Tuple[Callable[..., Any], str]] = {
 # 0-dim tensor raise, volatile= is a no-op and size_average=/reduce= still map through
 # legacy_get_string: only torch._six (gone in 2.0) and symeig (a stub from 2.0) vary.
 _needed: Dict[str, bool] = dict.fromkeys(
-    ("solve", "lstsq", "eig", "matrix_rank", "function", "volatile", "index", "reduction"), True
+    (
+        *("solve", "lstsq", "eig", "matrix_rank", "function", "volatile", "variable_type"),
+        *("index", "reduction"),
+    ),
+    True,
 )
 
 
@@ -105,10 +116,33 @@ def _variable(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) 
 
 
 def _zero_dim(x: Any, args: Tuple[Any, ...]) -> Any:
-    if len(args) != 1 or type(args[0]) is not int or args[0] != 0 or x.dim() != 0:
+    # Called only after torch raised IndexError: `x[...]` and other indices that work in
+    # plain torch never get here.
+    if len(args) != 1 or not _impl._first_or_last(args[0]) or x.dim() != 0 or x.is_meta:
         return _index._UNHANDLED
     _record("x[0] of a 0-dim tensor -> x.item()", "st.legacy.zero_dim_index")
-    return _impl.zero_dim_index(x, 0)
+    return _impl.zero_dim_index(x, args[0])
+
+
+# The class `type(x) == Variable` compares with (the module attribute is shadowed by the
+# function torch.autograd.variable, hence sys.modules).
+_VARIABLE = sys.modules["torch.autograd.variable"].Variable
+_VARIABLE = getattr(_VARIABLE, "__wrapped__", _VARIABLE)
+
+
+def _variable_eq(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    # VariableMeta.__eq__: `type(h) == Variable` reaches it as the reflected comparison,
+    # since type.__eq__(torch.Tensor, Variable) is NotImplemented. Hashes stay as they are.
+    if (
+        _needed["variable_type"]
+        and instance is _VARIABLE
+        and len(args) == 1
+        and not kwargs
+        and _impl.is_variable_type(args[0])
+    ):
+        _record("type(x) == Variable -> isinstance(x, torch.Tensor)", "st.legacy.is_variable_type")
+        return True
+    return wrapped(*args, **kwargs)
 
 
 def _reduction(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
@@ -169,12 +203,56 @@ def _remove_six() -> None:
         del torch._six  # type: ignore[attr-defined]  # the attribute the patch set; torch's stubs do not declare it
 
 
+# --- fork children: one intra-op thread ------------------------------------------------------
+# A child forked after the parent ran an OpenMP parallel region (a Conv2d, a matmul) inherits
+# a thread pool whose threads do not exist in it, and its first parallel region deadlocks
+# (GNU libgomp). torch's DataLoader workers call torch.set_num_threads(1) first; fork
+# children of a patched process do the same unless the user chose a thread count: the
+# environment variables torch reads (OMP_NUM_THREADS, MKL_NUM_THREADS), or a
+# torch.set_num_threads call from outside torch made while the patch is on (calls made before
+# it are not seen).
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_set_num_threads = getattr(torch.set_num_threads, "__wrapped__", torch.set_num_threads)
+_fork_guard = {"armed": False, "user_threads": False}
+_fork_hook_registered = False
+
+
+def _one_thread_in_fork_child() -> None:
+    """os.register_at_fork(after_in_child=...) hook: inert unless the patch is on."""
+    if not _fork_guard["armed"] or _fork_guard["user_threads"]:
+        return
+    if any(os.environ.get(name) for name in _THREAD_ENV):
+        return
+    _set_num_threads(1)
+
+
+def _user_set_threads(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    # torch's own calls are not the program's choice: the DataLoader's pin-memory thread
+    # calls torch.set_num_threads(1) in this process.
+    if not sys._getframe(1).f_code.co_filename.startswith(_stack.TORCH_DIR):
+        _fork_guard["user_threads"] = True  # children keep what the program chose
+    return wrapped(*args, **kwargs)
+
+
+def _arm_fork_guard() -> None:
+    global _fork_hook_registered
+    _fork_guard["user_threads"] = False
+    _fork_guard["armed"] = True
+    if not _fork_hook_registered and hasattr(os, "register_at_fork"):  # POSIX only
+        # Registered once: fork hooks cannot be removed, so unpatching disarms it instead.
+        os.register_at_fork(after_in_child=_one_thread_in_fork_child)
+        _fork_hook_registered = True
+
+
 def _on_enable() -> None:
     _install_six()
+    _impl._forget_warned_lines()  # each patched session names each x[0] line once
     _index.on_index_error = _zero_dim if _needed["index"] else None
+    _arm_fork_guard()
 
 
 def _on_disable() -> None:
+    _fork_guard["armed"] = False
     _index.on_index_error = None
     _remove_six()
     _index._hand_over("index")
@@ -185,8 +263,9 @@ PATCH = registry.declare(
         name=_NAME,
         description=(
             "removed/changed APIs (torch._six, torch.solve/lstsq/eig/symeig/matrix_rank, "
-            "legacy autograd Functions, volatile=True, loss.data[0], size_average=) -> "
-            "their old meaning in st.legacy, only where this torch lacks them"
+            "legacy autograd Functions, volatile=True, loss.data[0], type(x) == Variable, "
+            "size_average=) -> their old meaning in st.legacy, only where this torch lacks "
+            "them; fork children get one intra-op thread"
         ),
         targets=(
             *(registry.Target("torch", n, _linalg(n, method=False)) for n in _LINALG),
@@ -198,6 +277,15 @@ PATCH = registry.declare(
             registry.Target("torch.autograd.function", "Function.__init__", _function_init),
             registry.Target("torch.autograd", "Variable", _variable),
             registry.Target("torch.autograd.variable", "Variable", _variable),
+            registry.Target(
+                "torch.autograd.variable",
+                "VariableMeta.__eq__",
+                _variable_eq,
+                attribute_warnings=False,
+            ),
+            registry.Target(
+                "torch", "set_num_threads", _user_set_threads, attribute_warnings=False
+            ),
             registry.Target("torch.nn._reduction", "legacy_get_string", _reduction),
             _index.GETITEM,
         ),

@@ -6,7 +6,8 @@ lstsq: "max(m, n) x k", residual rows, QR details), 1.x symeig docs (upper trian
 default, eigenvectors only on request), ATen ``LinearAlgebra.cpp`` ``_matrix_rank_helper``
 (svd, or ``symeig(eigenvectors=false)`` -> abs; default tol ``eps * max(m, n) * S.max()``,
 ``S > tol``), torch 1.5 ``torch/_six.py``, and the 0.4 warning "invalid index of a 0-dim
-tensor ... Use tensor.item()" (0.4 returned the 0-dim tensor itself).
+tensor ... Use tensor.item()" (0.4 returned the 0-dim tensor itself; 0.3's ``loss.data[0]``
+was the Python number of a one-element tensor).
 """
 
 from __future__ import annotations
@@ -218,15 +219,18 @@ def test_volatile_is_infectious_no_graph() -> None:
     torch.testing.assert_close(out.as_subclass(torch.Tensor), model(torch.ones(2, 3)).detach())
 
 
-def test_zero_dim_index_returns_the_tensor_with_a_warning_at_the_caller() -> None:
+def test_zero_dim_index_is_the_number_or_keeps_the_graph_with_a_warning_at_the_caller() -> None:
     loss = torch.tensor(1.5, requires_grad=True) * 2
     with pytest.warns(PatchWarning, match=r"item\(\)") as caught:
-        value = legacy.zero_dim_index(loss, 0)
+        value = legacy.zero_dim_index(loss, 0)  # requires grad: 0.3's Variable[0], a tensor
     assert caught[0].filename == __file__
     assert value.dim() == 0 and value.item() == 3.0 and value.grad_fn is not None
+    with pytest.warns(PatchWarning, match=r"Python number") as caught:
+        number = legacy.zero_dim_index(loss.detach(), -1)  # 0.3's Tensor[0]: the number
+    assert caught[0].filename == __file__ and type(number) is float and number == 3.0
     assert legacy.zero_dim_index(torch.arange(3), 1).item() == 1
     with pytest.raises(IndexError):
-        legacy.zero_dim_index(torch.tensor(1.0), 1)  # only [0] was ever accepted
+        legacy.zero_dim_index(torch.tensor(1.0), 1)  # only [0] / [-1] were ever accepted
 
 
 @pytest.mark.parametrize(
