@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import warnings
 from typing import (
     Any,
     Callable,
@@ -24,12 +25,16 @@ import torch
 from torch import nn
 
 from safetorch import _compat
+from safetorch._stack import user_stacklevel
 from safetorch.checkpoint import layouts, reader, torchfile
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
+    _remap_state_dict,
     canonical_key,
     find_state_dict,
-    remap_state_dict,
+    legacy_keys,
+    legacy_optional_targets,
+    settle_legacy,
     state_dict_keys,
     tensor_shape,
 )
@@ -38,11 +43,12 @@ from safetorch.checkpoint.loading import (
     _is_path,
     load_checked,
 )
-from safetorch.checkpoint.report import LoadReport
+from safetorch.checkpoint.report import LoadReport, group_keys
 from safetorch.checkpoint.state import STATE_FORMAT
 from safetorch.errors import (
     CheckpointError,
     CheckpointMismatchError,
+    CheckpointWarning,
 )
 
 __all__ = ["load_state_dict", "load_for_copy"]
@@ -115,7 +121,12 @@ def load_state_dict(
     side, and Lightning's leading ``model.``, are matched away; any other leading path is a
     real module and needs ``prefix=``; see :func:`safetorch.checkpoint.remap_state_dict`.
     Tensors are not copied before the final in-place copy into the model (none at all with
-    ``assign=True``).
+    ``assign=True``). Keys that older torch releases wrote and torch's own modules still
+    accept (InstanceNorm running stats of torch < 0.4.0, BatchNorm checkpoints without
+    ``num_batches_tracked``, ``weight_norm``'s ``weight_g``/``weight_v``, ...) are dropped,
+    renamed or defaulted by the module's ``_metadata`` version and structure, and reported
+    (``report.dropped``, ``report.defaulted``, ``report.legacy``); see
+    :func:`safetorch.checkpoint.keys.legacy_keys`.
 
     Multi-file checkpoints load the same way, matched on their shapes before any tensor is
     read, then read lazily (only matched tensors; one shard at a time): a
@@ -130,7 +141,7 @@ def load_state_dict(
             checkpoint dict.
         strict: raise on any missing, unexpected or shape-mismatched key, before touching the
             model. With ``strict=False`` those are skipped and reported (shape mismatches
-            never raise, unlike torch).
+            never raise, unlike torch), and parameters left unloaded are warned about.
         key: the container key holding the state dict (needed for EMA weights).
         assign: passed to ``Module.load_state_dict(assign=)`` (torch >= 2.1).
         prefix: take the sub-module under this path out of a larger checkpoint (e.g.
@@ -140,9 +151,15 @@ def load_state_dict(
         A :class:`LoadReport`.
 
     Raises:
-        CheckpointMismatchError: ``strict=True`` and the keys or shapes differ (``.report``).
+        CheckpointMismatchError: ``strict=True`` and the keys or shapes differ (``.report``);
+            the message starts with the one ``Module.load_state_dict`` raises.
         CheckpointError: no or several state dicts in the container, ambiguous key mapping,
             or a file problem (see :func:`load`).
+
+    Warns:
+        CheckpointWarning: ``strict=False`` left parameters unloaded (missing or skipped for
+            their shape); the message carries the report's summary and hint. Once per call
+            site (Python's warning registry); buffers never warn.
 
     >>> import torch, safetorch as st
     >>> sd = torch.nn.DataParallel(torch.nn.Linear(2, 2)).state_dict()
@@ -223,9 +240,24 @@ def _load_state_dict(
     source_has_counter = any(canonical_key(k) == N_AVERAGED for k in state_dict)
     target_keys = [k for k in target if source_has_counter or canonical_key(k) != N_AVERAGED]
     # A mapping (not only the keys) gives the matcher shapes to settle colliding keys with.
-    remapped, match = remap_state_dict(
-        state_dict, {k: target[k] for k in target_keys}, prefix=prefix
+    # Keys an older torch wrote are offered as optional names, matched through the same
+    # wrappers and prefixes, then dropped, renamed or left unexpected by their rule.
+    candidates = legacy_keys(model)
+    optional = legacy_optional_targets(candidates, target)
+    remapped, match = _remap_state_dict(
+        state_dict, {k: target[k] for k in target_keys}, prefix=prefix, optional=optional
     )
+    legacy = settle_legacy(
+        match, candidates, optional, getattr(remapped, "_metadata", None), list(state_dict)
+    )
+    rule = match.rule
+    if legacy.renamed:
+        renamed = ", ".join(f"{s!r} -> {t!r}" for s, t in list(legacy.renamed.items())[:4])
+        more = len(legacy.renamed) - 4
+        rule = ("" if rule == "exact" else f"{rule}; ") + (
+            f"renamed keys of an older torch: {renamed}"
+            + (f" (and {more} more)" if more > 0 else "")
+        )
 
     mismatched = []
     to_load: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
@@ -246,26 +278,26 @@ def _load_state_dict(
         missing=list(match.unmatched_target),
         unexpected=list(match.unmatched_source),
         mismatched=mismatched,  # type: ignore[arg-type]  # LoadReport declares the list type; the shape tuples are its documented form
-        rule=match.rule,
+        rule=rule,
         source_key=source_key,
         n_averaged=n_averaged,
         strict=strict,
         hint=match.hint,
         other_state_dicts=[k for k in state_dict_keys(obj) if k != source_key],
         source=picked,
+        dropped=legacy.dropped,
+        defaulted=legacy.defaulted,
+        legacy=legacy.notes,
     )
     if strict and not report.ok:
         report.refused = True
-        raise CheckpointMismatchError(
-            f"checkpoint does not match {type(model).__name__} (nothing was loaded; pass "
-            f"strict=False to load the matching keys):\n{report}",
-            report,
+        raise _mismatch_error(
+            model, report, "nothing was loaded; pass strict=False to load the matching keys"
         )
     kwargs = {} if assign is None else {"assign": assign}
     if layout is not None:
         _load_from_layout(model, layout, to_load, source_of, source_key, report, kwargs)
-        logger.debug("%s", report)
-        return report
+        return _finish(model, report)
     if tfile is not None:
         result = _load_in_batches(model, tfile, to_load, kwargs)
     else:
@@ -273,15 +305,55 @@ def _load_state_dict(
     # torch is the final word: a load hook may have consumed or rejected keys.
     kept = set(target) - set(target_keys)  # AveragedModel's counter, kept on purpose
     skipped = {k for k, _, _ in mismatched}
-    torch_missing = set(result.missing_keys) - set(report.missing) - kept - skipped
+    torch_missing = (
+        set(result.missing_keys) - set(report.missing) - kept - skipped - set(report.defaulted)
+    )
     if torch_missing:
         report.missing.extend(k for k in result.missing_keys if k in torch_missing)
         report.loaded = [k for k in report.loaded if k not in torch_missing]
     report.unexpected.extend(k for k in result.unexpected_keys if k not in report.unexpected)
-    if strict and not report.ok:
-        raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
+    return _finish(model, report)
+
+
+def _finish(model: nn.Module, report: LoadReport) -> LoadReport:
+    """Raise what a strict load's hooks left unmatched; warn when strict=False left parameters
+    unloaded (nobody reads a return value that a strict=False call usually discards)."""
+    if report.strict and not report.ok:
+        raise _mismatch_error(model, report, "load hooks reported mismatches")
     logger.debug("%s", report)
+    if not report.strict:
+        _warn_unloaded_parameters(model, report)
     return report
+
+
+def _mismatch_error(model: nn.Module, report: LoadReport, what: str) -> CheckpointMismatchError:
+    """torch's own message first (code that matches it keeps working), then safetorch's."""
+    return CheckpointMismatchError(
+        f"{report.torch_error(type(model).__name__)}\nsafetorch: {what}.\n{report}", report
+    )
+
+
+def _warn_unloaded_parameters(model: nn.Module, report: LoadReport) -> None:
+    # Parameters only: torch itself lets buffers go missing (num_batches_tracked of old
+    # checkpoints, which the report lists as defaulted). Python's warning registry shows one
+    # warning text once per call site.
+    if not report.missing and not report.mismatched:
+        return
+    sd = model.state_dict(keep_vars=True)  # every path of a shared parameter, as the report
+    params = {k for k, v in sd.items() if isinstance(v, nn.Parameter)}
+    unloaded = [k for k in report.missing if k in params]
+    unloaded += [k for k, _, _ in report.mismatched if k in params]
+    if not unloaded:
+        return
+    text = ", ".join(group_keys(unloaded[:8])) + (" ..." if len(unloaded) > 8 else "")
+    warnings.warn(
+        f"load_state_dict(strict=False) left {len(unloaded)} of {len(params)} parameters of "
+        f"{type(model).__name__} unloaded ({text}): {report.summary()}"
+        + (f"; hint: {report.hint}" if report.hint else "")
+        + ". The returned report says what was loaded; pass strict=True to refuse instead",
+        CheckpointWarning,
+        stacklevel=user_stacklevel(),
+    )
 
 
 class _Keys:
@@ -381,8 +453,6 @@ def _load_from_layout(
     direct = {} if kwargs.get("assign") else _direct_targets(model, to_load)
     layout.load_into(model, pairs, apply, direct)
     report.unexpected.extend(k for k in unexpected if k not in report.unexpected)
-    if report.strict and not report.ok:
-        raise CheckpointMismatchError(f"load hooks reported mismatches:\n{report}", report)
 
 
 def load_for_copy(source: Any) -> Any:

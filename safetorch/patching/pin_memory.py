@@ -14,19 +14,34 @@ and says nothing, and the loader object itself is never modified.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+import inspect
+from typing import Any, Dict, Optional, Tuple
+
+import torch.utils.data._utils.pin_memory as _torch_pin
 
 from safetorch.patching import registry
 
 __all__: list = []
 
 _NAME = "pin_memory"
+# torch's parameter names (data, device): a call by keyword keeps working, and a call torch
+# refuses gets torch's own TypeError (st.pin names its first parameter obj).
+_SIGNATURE = inspect.signature(_torch_pin.pin_memory)
+
+
+def _select(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Any]:
+    try:
+        bound = _SIGNATURE.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    return bound.arguments["data"], bound.arguments.get("device")
 
 
 def _pin_body(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     from safetorch import data
 
-    return data.pin(*args, **kwargs)
+    ((batch, device),) = args
+    return data.pin(batch, device)
 
 
 _pin = registry.route(
@@ -34,6 +49,7 @@ _pin = registry.route(
     _pin_body,
     kind="DataLoader pinning -> st.pin",
     detail="dataclasses and custom batches pinned",
+    select=_select,
 )
 
 

@@ -4,14 +4,20 @@ The auto policy keeps plain BatchNorm where nothing would be synchronized (no pr
 or world size 1) and picks a SyncBatchNorm class that runs on each layer's device (CPU under
 gloo included). The target is a classmethod: wrapt binds it to the class, and the registry
 restores the very ``classmethod`` object found in ``vars(nn.SyncBatchNorm)``.
+
+Calls are bound to torch's signature ``(module, process_group=None)``, plus st's
+``policy=`` keyword (which only the patched call accepts); a call that does not bind (no
+module, an unknown argument) goes to torch's original, which raises its own ``TypeError``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, Tuple
+import inspect
+from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch import nn
 
 from safetorch import _dist
 from safetorch.patching import registry
@@ -20,6 +26,7 @@ __all__: list = []
 
 _NAME = "syncbn"
 _impl = importlib.import_module("safetorch.nn.syncbn")
+_SIGNATURE = inspect.signature(nn.SyncBatchNorm.convert_sync_batchnorm)  # bound: no cls
 
 
 def _world() -> str:
@@ -28,12 +35,23 @@ def _world() -> str:
     return "no process group: BatchNorm kept"
 
 
+def _select(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Any]:
+    """``(module, process_group, options)`` for a call that binds; None sends it to torch."""
+    options = {k: v for k, v in kwargs.items() if k == "policy"}
+    try:
+        bound = _SIGNATURE.bind(*args, **{k: v for k, v in kwargs.items() if k != "policy"})
+    except TypeError:
+        return None  # torch's own error for a bad call
+    return bound.arguments["module"], bound.arguments.get("process_group"), options
+
+
 def _convert_body(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    ((module, process_group, options),) = args
     registry.record(_NAME, f"convert_sync_batchnorm -> st.convert_sync_batchnorm ({_world()})")
-    return _impl.convert_sync_batchnorm(*args, **kwargs)
+    return _impl.convert_sync_batchnorm(module, process_group, **options)
 
 
-_convert = registry.route(_NAME, _convert_body)
+_convert = registry.route(_NAME, _convert_body, select=_select)
 
 
 PATCH = registry.declare(

@@ -191,7 +191,8 @@ def test_shape_mismatch_non_strict_skips_where_torch_raises(zoo):
         zoo.Net().load_state_dict(sd, strict=False)  # torch raises even with strict=False
     target = zoo.randomized_net(2)
     old_head = target.head.weight.clone()
-    report = st.load_state_dict(target, sd, strict=False)
+    with pytest.warns(st.CheckpointWarning, match="unloaded"):
+        report = st.load_state_dict(target, sd, strict=False)
     assert not report.ok and report.mismatched == [("head.weight", (3, 4), (2, 4))]
     assert report.missing == [] and report.unexpected == []
     assert "head.weight" not in report.loaded
@@ -205,7 +206,8 @@ def test_missing_unexpected_match_torch(zoo):
     del sd["head.bias"]
     sd["extra.weight"] = torch.zeros(1)
     expected = zoo.Net().load_state_dict(sd, strict=False)
-    report = st.load_state_dict(zoo.Net(), sd, strict=False)
+    with pytest.warns(st.CheckpointWarning, match="unloaded"):
+        report = st.load_state_dict(zoo.Net(), sd, strict=False)
     assert report.missing == expected.missing_keys == ["head.bias"]
     assert report.unexpected == expected.unexpected_keys == ["extra.weight"]
     with pytest.raises(st.CheckpointMismatchError, match="1 missing, 1 unexpected") as info:

@@ -201,7 +201,8 @@ def test_state_dict_patch_refuses_like_st_before_touching_the_model() -> None:
     with st.patched("state_dict"):
         with pytest.raises(st.CheckpointMismatchError, match="conv.weight"):
             net.load_state_dict(sd)
-        report = net.load_state_dict(sd, strict=False)  # torch would raise; st skips and says
+        with pytest.warns(st.CheckpointWarning, match="unloaded"):
+            report = net.load_state_dict(sd, strict=False)  # torch would raise; st skips, says
     assert [k for k, _, _ in report.mismatched] == ["conv.weight"]
     assert torch.equal(net.state_dict()["conv.weight"], before["conv.weight"])
 
