@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.safetorch-installed
 
-.PHONY: venv demo test lint unit gpu-check bench test-compat clean
+.PHONY: venv demo test lint unit dist sdist-test gpu-check bench test-compat clean
 
 venv: $(STAMP)
 
@@ -31,7 +31,31 @@ lint: venv
 unit: venv
 	$(PY) -m pytest -q -p no:cacheprovider
 
-test: lint unit
+test: lint unit dist
+
+# The packages a user installs: sdist and wheel built offline (no build isolation: the venv's
+# setuptools), checked as a package index renders them (twine --strict), LICENSE in both, and
+# the sdist holds every tracked file (what its tests read). The wheel is built from the sdist.
+DIST := build/dist
+dist: venv
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(PY) -m build --no-isolation --outdir $(DIST) . > build/dist.log 2>&1 || { cat build/dist.log; exit 1; }
+	$(VENV)/bin/twine check --strict $(DIST)/*
+	tar -tzf $(DIST)/*.tar.gz | sed 's|^[^/]*/||' | sort > build/sdist-files.txt
+	grep -qx LICENSE build/sdist-files.txt
+	$(PY) -m zipfile -l $(DIST)/*.whl | grep -q 'dist-info/licenses/LICENSE '
+	$(PY) -m zipfile -l $(DIST)/*.whl | grep -q 'safetorch/py.typed '
+	if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then \
+	  git ls-files | grep -vx .gitignore | sort | comm -23 - build/sdist-files.txt > build/sdist-missing.txt; \
+	  test ! -s build/sdist-missing.txt || { echo "not in the sdist (MANIFEST.in):"; cat build/sdist-missing.txt; exit 1; }; \
+	fi
+
+# Opt-in (the whole suite once more): the tests run from the unpacked sdist, its own copy of
+# safetorch first on the path.
+sdist-test: dist
+	rm -rf build/sdist-test && mkdir -p build/sdist-test
+	tar -xzf $(DIST)/*.tar.gz -C build/sdist-test
+	cd build/sdist-test/safetorch-* && PYTHONPATH=. $(abspath $(PY)) -m pytest -q -p no:cacheprovider $(SDIST_TESTS)
 
 # Runs on a lent GPU machine with its own python3 (no venv): tests/gpu + CUDA benchmarks.
 gpu-check:

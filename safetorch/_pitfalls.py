@@ -293,6 +293,10 @@ def for_patch(name: str) -> Tuple[str, ...]:
     return tuple(row.id for row in PITFALLS if row.patch == name)
 
 
+# The README is also read on a package index, without the repository: its links are absolute.
+DOCS_BASE = "https://github.com/safetorch/safetorch/blob/main/"
+
+
 def markdown_table() -> str:
     """The one-screen table the README shows (generated from :data:`PITFALLS`).
 
@@ -304,7 +308,7 @@ def markdown_table() -> str:
         functions = ", ".join(f"`{f}`" for f in row.functions) or "-"
         patch = f"`{row.patch}`" if row.patch else "-"
         rules = ", ".join(row.rules) or "-"
-        lines.append(f"| [{row.title}]({row.docs}) | {functions} | {patch} | {rules} |")
+        lines.append(f"| [{row.title}]({DOCS_BASE}{row.docs}) | {functions} | {patch} | {rules} |")
     return "\n".join(lines)
 
 

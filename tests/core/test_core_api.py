@@ -23,15 +23,20 @@ _AREAS = ("errors", "tensor", "device", "checkpoint", "nn", "data", "timing", "p
 
 def test_the_exported_surface_is_small() -> None:
     # Issue 16: about 25 names -- the safe functions and classes, the patch API, errors and
-    # warnings. Plumbing stays importable from its subpackage (and as st.<name>).
+    # warnings. Plumbing stays importable from its subpackage; dir(st) also lists the plumbing
+    # the docs write as st.<name> (tests/core/test_core_readme.py), and every other flat name
+    # of earlier releases still resolves as st.<name>.
     assert 20 <= len(st.__all__) <= 30, st.__all__
     assert {"load", "load_state_dict", "checked_index", "patch", "SafetorchError"} <= set(
         st.__all__
     )
     for name in ("match_keys", "canonical_key", "raise_deferred", "BNLayerStats", "benchmark"):
+        assert name not in st.__all__ and name in dir(st)  # taught by the docs
+    for name in ("LoadReport", "MapToAvailable", "loader_to_iterate", "CheckpointWarning"):
         assert name not in st.__all__ and name not in dir(st)
         assert getattr(st, name) is not None  # the flat name of earlier releases still resolves
     assert st.checkpoint.match_keys is st.match_keys
+    assert st.checkpoint.LoadReport is st.LoadReport
     namespace: dict = {}
     exec("from safetorch import *", namespace)
     assert {n for n in namespace if not n.startswith("__")} == set(st.__all__)
@@ -74,3 +79,22 @@ def test_import_never_patches() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_first_use_of_a_name_imports_only_its_subpackage() -> None:
+    """``import safetorch`` imports neither torch nor a subpackage; the first ``st.load``
+    imports safetorch.checkpoint (and what it imports), not every subpackage
+    (benchmarks/bench_import.py measures the time)."""
+    import subprocess
+
+    code = (
+        "import sys; import safetorch as st; before = sorted(sys.modules);"
+        "st.load; print(' '.join(m for m in sys.modules if m.startswith('safetorch')));"
+        "print('torch' in before, [m for m in before if m.startswith('safetorch')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded, before = out.stdout.strip().splitlines()
+    assert before == "False ['safetorch']"
+    subpackages = {m.split(".")[1] for m in loaded.split() if "." in m}
+    areas = {name for name in subpackages if not name.startswith("_")}  # not _compat, ...
+    assert areas == {"checkpoint", "errors"}, areas
