@@ -146,6 +146,8 @@ while True:
     while b"\n" in buf:
         line, buf = buf.split(b"\n", 1)
         parts = line.decode().split(" ", 2)
+        if parts[0] == "exit":
+            sys.exit(0)
         armed = None if parts[0] == "disarm" else (
             time.monotonic() + float(parts[1]), parts[2], parts[1])
 """
@@ -198,9 +200,19 @@ class _Deadline:
             self._send("disarm")
 
     def pytest_unconfigure(self) -> None:
+        # "exit", not only EOF: a process forked by a test (os.fork, multiprocessing's fork
+        # start) inherits the pipe's write end, and one still alive would keep EOF away.
+        try:
+            self._send("exit")
+        except (BrokenPipeError, ValueError):
+            pass  # already gone
         if self.watchdog.stdin is not None:
             self.watchdog.stdin.close()
-        self.watchdog.wait(timeout=10)
+        try:
+            self.watchdog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.watchdog.kill()
+            self.watchdog.wait()
 
 
 def _deadline_seconds() -> Optional[float]:
