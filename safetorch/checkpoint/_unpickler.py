@@ -13,26 +13,37 @@ opcode                      rule
 ==========================  ==================================================================
 GLOBAL, STACK_GLOBAL        resolved through ``find_class``: only allow-listed ``module.Name``
                             (torch's weights-only list, the caller's ``allow=``, the user's
-                            ``torch.serialization.add_safe_globals``); modules ``sys``, ``os``,
-                            ``posix``, ``nt`` never. STACK_GLOBAL only with two str operands.
+                            ``torch.serialization.add_safe_globals``) or, with a trust rule,
+                            what it admits; modules ``sys``, ``os``, ``posix``, ``nt`` never.
+                            STACK_GLOBAL only with two str operands.
 REDUCE                      only on an allow-listed callable; ``bytearray`` only from bytes/str
                             (never ``bytearray(<huge int>)``), ``set``/``frozenset`` only from a
-                            list or tuple.
-NEWOBJ                      only on an allow-listed *class* (``cls.__new__(cls, *args)``).
+                            list or tuple; a trust rule's numpy functions only with the
+                            arguments numpy writes.
+NEWOBJ                      only on an allow-listed *class* (``cls.__new__(cls, *args)``), or a
+                            class a trust rule admits, without arguments.
 BUILD                       only on an instance created by this load (never on a class,
                             function, module or any object reached by GLOBAL) whose type is
-                            allow-listed, ``Tensor``, ``Parameter`` or ``OrderedDict``; state
-                            keys that are dunder names (``__class__``, ``__dict__``, ...) are
-                            refused.
+                            allow-listed (an ``allow=`` string counts once imported, and
+                            ``numpy.dtype`` covers ``numpy.dtypes.*``), ``Tensor``,
+                            ``Parameter`` or ``OrderedDict``, or a trust rule's class (a dict
+                            state only) or numpy array/dtype (numpy's state, no object
+                            dtype); state keys that are dunder names (``__class__``,
+                            ``__dict__``, ...) are refused.
 BINPERSID                   only torch's storage ids: ``("storage", <storage type>, key,
                             location, numel[, view])``; never ``("module", ...)`` (torch's
-                            legacy reader writes ``.patch`` files for those) and never ints.
+                            legacy reader writes ``.patch`` files for those) and never ints,
+                            except ``("module", cls, file, source)`` of a class a trust rule
+                            admitted, which stands for ``cls`` (torch's reader is not asked).
 INST, OBJ, EXT1/2/4,        refused (they call arbitrary classes or the copyreg registry).
 PERSID, NEWOBJ_EX, POP,
 DUP, buffers, text-mode ops
 containers, scalars,        as pickle defines them; SETITEM(S) only into dict / OrderedDict /
 strings, memo, MARK, FRAME  Counter, APPEND(S) only into list, ADDITEMS only into set.
 ==========================  ==================================================================
+
+The trust rule (``st.load(..., trust_root=DIR)``, ``safetorch run``) is
+:mod:`safetorch.checkpoint._trust`; its docstring states the boundary exactly.
 
 Work is bounded: at most :data:`MAX_STACK` live stack items (all MARK levels together) and
 :data:`MAX_MEMO` memo entries; strings and bytes are read with explicit lengths and checked.
@@ -52,6 +63,7 @@ import collections
 import io
 import pickle
 import struct
+import sys
 import time
 import types
 import zipfile
@@ -60,7 +72,7 @@ from typing import IO, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, 
 import torch
 
 from safetorch import _compat
-from safetorch.checkpoint import formats
+from safetorch.checkpoint import _trust, formats
 
 __all__: List[str] = []  # private module
 
@@ -99,11 +111,14 @@ KNOWN_DANGEROUS = frozenset(
 
 
 class RefusedGlobal(pickle.UnpicklingError):
-    """A GLOBAL outside the allow-list (``name`` is its ``module.Name``)."""
+    """A GLOBAL outside the allow-list (``name`` is its ``module.Name``; ``reason``, when a
+    trust rule was asked too, says why it did not admit it)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"global {name!r} is not allow-listed for weights-only loading")
+    def __init__(self, name: str, reason: str = "") -> None:
+        text = f"global {name!r} is not allow-listed for weights-only loading"
+        super().__init__(f"{text} ({reason})" if reason else text)
         self.name = name
+        self.reason = reason
 
 
 class RefusedOpcode(pickle.UnpicklingError):
@@ -259,12 +274,15 @@ def import_global(name: str) -> Any:
 
 
 class Policy:
-    """The globals one load may resolve: torch's list, the user's safe globals, ``extra``.
+    """The globals one load may resolve: torch's list, the user's safe globals, ``extra``,
+    and what ``trust`` (the project trust rule, :mod:`safetorch.checkpoint._trust`) admits.
 
     Built per call, so an ``allow=`` never outlives its call nor reaches another thread.
     """
 
-    def __init__(self, extra: Mapping[str, Any]) -> None:
+    def __init__(
+        self, extra: Mapping[str, Any], trust: Optional[_trust.ProjectTrust] = None
+    ) -> None:
         self.names: Dict[str, Any] = {**torch_allowed_globals(), **user_safe_globals()}
         self._pending: Dict[str, Any] = {}
         for name, obj in extra.items():
@@ -273,28 +291,84 @@ class Policy:
             else:
                 self.names[name] = obj
         self.values_ids: FrozenSet[int] = frozenset(id(v) for v in self.names.values())
+        self.trust = trust
+        self._trusted: Dict[str, Any] = {}  # name -> object the trust rule admitted
+        self._roles: Dict[int, str] = {}  # id(object) -> its role (_trust.CLASS / CALL / VALUE)
 
     def allows(self, full: str) -> bool:
         module = full.split(".", 1)[0]
-        return module not in _BLOCKED_MODULES and (full in self.names or full in self._pending)
+        if module in _BLOCKED_MODULES:
+            return False
+        if full in self.names or full in self._pending or full in self._trusted:
+            return True
+        return self._admit(full)
+
+    def _admit(self, full: str) -> bool:
+        if self.trust is None:
+            return False
+        decision = self.trust.decide(full)
+        if decision.role is None:
+            return False
+        self._trusted[full] = decision.obj
+        self._roles[id(decision.obj)] = decision.role
+        return True
+
+    def why_refused(self, full: str) -> str:
+        """The trust rule's reason for refusing ``full`` ("" without a trust rule)."""
+        if self.trust is None or full.split(".", 1)[0] in _BLOCKED_MODULES:
+            return ""
+        return self.trust.decide(full).reason
 
     def resolve(self, full: str) -> Any:
         if not self.allows(full):
-            raise RefusedGlobal(full)
-        if full not in self.names:  # an allow= string: import it on first use
+            raise RefusedGlobal(full, self.why_refused(full))
+        if full in self.names:
+            return self.names[full]
+        if full in self._pending:  # an allow= string: import it on first use
             obj = import_global(full)
             self.names[full] = obj
             self.values_ids = self.values_ids | {id(obj)}
-        return self.names[full]
+            return obj
+        return self._trusted[full]
 
     def is_allowed_object(self, obj: Any) -> bool:
-        return id(obj) in self.values_ids
+        """``obj`` is on the allow-list (an ``allow=`` string names it once it is imported:
+        BUILD sees the type of what a REDUCE made, ``numpy.dtypes.Float64DType``, which no
+        GLOBAL of the file names)."""
+        if id(obj) in self.values_ids:
+            return True
+        if self._pending:
+            name = _own_name(obj)
+            if name is not None and name in self._pending and name not in self.names:
+                try:
+                    return self.resolve(name) is obj
+                except Exception:  # not importable as named: not the object the user allowed
+                    return False
+        return False
+
+    def trusted_role(self, obj: Any) -> Optional[str]:
+        """The role the trust rule gave ``obj`` in this load (None: not admitted by it)."""
+        return self._roles.get(id(obj)) if self._roles else None
 
 
-def unsafe_globals(names: Iterable[str], extra: Mapping[str, Any]) -> List[str]:
-    """The subset of ``names`` that neither torch's list, the user's safe globals nor ``extra``
-    allow (torch maps ``torch.<X>Storage`` names to storage types before any list is read)."""
-    policy = Policy(extra)
+def _own_name(obj: Any) -> Optional[str]:
+    """``"module.Qualname"`` of a class or function (None for other objects)."""
+    if not isinstance(obj, type) and not callable(obj):
+        return None
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        return f"{module}.{qualname}"
+    return None
+
+
+def unsafe_globals(
+    names: Iterable[str], extra: Mapping[str, Any], trust: Optional[_trust.ProjectTrust] = None
+) -> List[str]:
+    """The subset of ``names`` that neither torch's list, the user's safe globals, ``extra``
+    nor ``trust`` allow (torch maps ``torch.<X>Storage`` names to storage types before any list
+    is read)."""
+    policy = Policy(extra, trust)
     return [
         n
         for n in names
@@ -463,14 +537,27 @@ class RestrictedUnpickler:
                 stack.append(obj)
             elif c == op["BINPERSID"]:
                 pid = stack.pop()
+                if policy.trust is not None and _trusted_module_pid(pid, policy):
+                    # torch < 1.6's legacy format names each module class in a ("module",
+                    # cls, source file, source) id; torch's reader would compare sources (and
+                    # may write .patch files): the class a trust rule admitted is all it means.
+                    stack.append(pid[1])
+                    continue
                 check_persistent_id(pid)
                 stack.append(self.persistent_load(pid))
             elif c == op["REDUCE"]:
                 args = stack.pop()
                 func = stack[-1]
-                if not policy.is_allowed_object(func) or type(args) is not tuple:
+                if type(args) is not tuple:
                     raise RefusedOpcode(f"REDUCE on {_describe(func)} is not allowed")
-                _check_reduce_args(func, args)
+                if policy.is_allowed_object(func):
+                    _check_reduce_args(func, args)
+                elif policy.trust is not None and policy.trusted_role(func) == _trust.CALL:
+                    why = policy.trust.check_call(func, args)
+                    if why:
+                        raise RefusedOpcode(f"REDUCE refused: {why}")
+                else:
+                    raise RefusedOpcode(f"REDUCE on {_describe(func)} is not allowed")
                 stack[-1] = func(*args)
             elif c == op["NEWOBJ"]:
                 args = stack.pop()
@@ -481,6 +568,10 @@ class RestrictedUnpickler:
                     stack.append(torch.nn.Parameter(*args))
                 elif policy.is_allowed_object(cls):
                     stack.append(cls.__new__(cls, *args))
+                elif policy.trusted_role(cls) == _trust.CLASS:
+                    if args:  # torch.save writes NEWOBJ(cls, ()) for a module
+                        raise RefusedOpcode(f"NEWOBJ on {_describe(cls)} with arguments")
+                    stack.append(cls.__new__(cls, *args))  # args is () here
                 else:
                     raise RefusedOpcode(f"NEWOBJ on {_describe(cls)} is not allowed")
             elif c == op["BUILD"]:
@@ -582,6 +673,14 @@ class RestrictedUnpickler:
                 )
 
 
+def _trusted_module_pid(pid: Any, policy: Policy) -> bool:
+    """``("module", cls, source_file, source)`` whose ``cls`` the trust rule admitted as a class."""
+    if type(pid) is not tuple or len(pid) != 4 or type(pid[2]) is not str:
+        return False
+    tag = pid[0].decode("ascii", "replace") if isinstance(pid[0], bytes) else pid[0]
+    return tag == "module" and type(pid[3]) is str and policy.trusted_role(pid[1]) == _trust.CLASS
+
+
 def _opname(code: int) -> str:
     name = _NAMES.get(code)
     return f"{name} ({bytes([code])!r})" if name else repr(bytes([code]))
@@ -620,7 +719,7 @@ def _build(inst: Any, state: Any, policy: Policy, created_globals: set) -> None:
     elif kind is collections.OrderedDict:  # state dicts carry `_metadata`
         _check_state_keys(state, "on an OrderedDict")
         inst.__dict__.update(state)
-    elif policy.is_allowed_object(kind):
+    elif policy.is_allowed_object(kind) or _numpy_dtype_allowed(kind, policy):
         setstate = getattr(inst, "__setstate__", None)
         if setstate is not None and getattr(kind, "__setstate__", None) is not getattr(
             object, "__setstate__", None
@@ -637,14 +736,51 @@ def _build(inst: Any, state: Any, policy: Policy, created_globals: set) -> None:
             _check_state_keys(slotstate, f"on {_describe(kind)}")
             for k, v in slotstate.items():
                 setattr(inst, k, v)
+    elif policy.trusted_role(kind) == _trust.CLASS:
+        # A project or torch.nn module: a dict of attributes, through the class's own
+        # __setstate__ (nn.Module's: __dict__.update plus defaults) when it has one.
+        if type(state) is not dict:
+            raise RefusedOpcode(
+                f"BUILD on {_describe(kind)} with a {type(state).__name__} state (a dict only)"
+            )
+        _check_state_keys(state, f"on {_describe(kind)}")
+        if getattr(kind, "__setstate__", None) is not getattr(object, "__setstate__", None):
+            inst.__setstate__(state)
+        else:
+            inst.__dict__.update(state)
+    elif policy.trust is not None and _trust.is_numpy_build_target(inst):
+        why = policy.trust.check_build(inst, state)
+        if why:
+            raise RefusedOpcode(why)
+        inst.__setstate__(state)  # numpy's own (C) __setstate__
     else:
-        raise RefusedOpcode(f"BUILD on {_describe(inst)} is not allowed")
+        hint = ""
+        if isinstance(kind, type) and _own_name(kind) is not None:
+            hint = f"; allow {_own_name(kind)} if you trust it"
+        raise RefusedOpcode(f"BUILD on {_describe(inst)} is not allowed{hint}")
 
 
-def make_restricted_pickle_module(extra: Mapping[str, Any]) -> types.ModuleType:
+def _numpy_dtype_allowed(kind: Any, policy: Policy) -> bool:
+    """BUILD on a ``numpy.dtypes.Float64DType`` (what ``numpy.dtype(...)`` returns) where
+    ``numpy.dtype`` itself is allowed: the names a refusal lists are enough for an array
+    (torch's safe_globals also needs ``type(np.dtype(np.float64))``)."""
+    np = sys.modules.get("numpy")
+    return (
+        np is not None
+        and isinstance(kind, type)
+        and kind.__module__ == "numpy.dtypes"
+        and issubclass(kind, np.dtype)
+        and policy.is_allowed_object(np.dtype)
+    )
+
+
+def make_restricted_pickle_module(
+    extra: Mapping[str, Any], trust: Optional[_trust.ProjectTrust] = None
+) -> types.ModuleType:
     """A ``pickle_module`` for torch's readers whose ``Unpickler`` is :class:`RestrictedUnpickler`
-    with a per-call :class:`Policy` (torch's list + the user's safe globals + ``extra``)."""
-    policy = Policy(extra)
+    with a per-call :class:`Policy` (torch's list + the user's safe globals + ``extra``, and
+    what ``trust`` admits)."""
+    policy = Policy(extra, trust)
 
     class Unpickler(RestrictedUnpickler):
         pass

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import pickle
+import types
 import warnings
 from typing import (
     IO,
@@ -28,7 +29,7 @@ import torch
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.checkpoint import _unpickler, formats
+from safetorch.checkpoint import _trust, _unpickler, formats
 from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
@@ -90,7 +91,14 @@ _mmap_supported: bool
 
 
 def _load_restricted(
-    f: Any, map_location: Any, use_mmap: bool, extra: Mapping[str, Any], encoding: str
+    f: Any,
+    map_location: Any,
+    use_mmap: bool,
+    extra: Mapping[str, Any],
+    encoding: str,
+    records: Optional[Mapping[str, int]] = None,
+    unpickler: Any = None,
+    trust: Optional[_trust.ProjectTrust] = None,
 ) -> Any:
     """Load with safetorch's restricted unpickler (see _unpickler's opcode policy).
 
@@ -100,8 +108,19 @@ def _load_restricted(
     rather than ``torch.load(pickle_module=...)``, keeps the path independent of torch.load's
     defaults and environment switches (TORCH_FORCE_WEIGHTS_ONLY_LOAD) and of its TorchScript
     and tar dispatch, which ``load`` has already refused.
+
+    ``records`` (storage record -> bytes, from the zip directory) checks every storage the
+    pickle claims against its record before torch reads it, mapped or not. ``unpickler`` is
+    another pickle module to drive the same way (torch's own weights-only one).
     """
-    module = _unpickler.make_restricted_pickle_module(extra)
+    if unpickler is not None:
+        module = unpickler
+    elif trust is not None:
+        module = _unpickler.make_restricted_pickle_module(extra, trust)
+    else:
+        module = _unpickler.make_restricted_pickle_module(extra)
+    if records is not None:
+        module = _records_checked(module, records, _display(f))
     with _torch_internals_quiet(), _compat.open_file_like(f, "rb") as opened:
         if _compat.is_zipfile(opened):
             with _compat.open_zipfile_reader(opened) as archive:
@@ -114,11 +133,73 @@ def _load_restricted(
         return _compat.legacy_load(opened, map_location, module, encoding=encoding)
 
 
-def _load_torch_weights_only(f: Any, map_location: Any, use_mmap: bool) -> Any:
-    """torch >= 2.6: torch's own weights-only unpickler (defer to it where it is as strict)."""
+def _load_torch_weights_only(
+    f: Any, map_location: Any, use_mmap: bool, records: Optional[Mapping[str, int]] = None
+) -> Any:
+    """torch >= 2.6: torch's own weights-only unpickler (defer to it where it is as strict).
+
+    A zip file goes through torch's zip reader with that unpickler, as ``torch.load`` does,
+    plus the storage-record check (torch 2.6-2.9 have none, and no torch checks a mapped
+    storage); the legacy format through ``torch.load`` itself.
+    """
+    if records is not None:
+        from torch import _weights_only_unpickler
+
+        try:
+            return _load_restricted(
+                f, map_location, use_mmap, {}, "utf-8", records, _weights_only_unpickler
+            )
+        except pickle.UnpicklingError as exc:  # worded as torch.load words its unpickler's
+            raise pickle.UnpicklingError(
+                f"Weights only load failed. WeightsUnpickler error: {exc}"
+            ) from exc
     return _quiet_torch_load(
         f, map_location=map_location, weights_only=True, **_mmap_kwargs(use_mmap)
     )
+
+
+def _records_checked(module: Any, records: Mapping[str, int], name: str) -> Any:
+    """``module`` with an Unpickler that compares each storage's size, as its pickle claims it,
+    with its zip record before torch's ``persistent_load`` reads (or maps) it.
+
+    torch's reader checks this only from late 2025 (pytorch#165553), and never on the mapped
+    path: before, a storage longer than its record read the bytes after it (other records, the
+    zip directory) as tensor data.
+    """
+    base = module.Unpickler
+
+    def check(pid: Any) -> None:
+        if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
+            return  # torch's own persistent_load refuses what it cannot read
+        _, storage_type, key, _location, numel = pid
+        held = records.get(str(key))
+        if held is None or type(numel) is not int:
+            return  # a missing record: torch's reader names it
+        dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if numel < 0 or nbytes > held:
+            raise CheckpointError(
+                f"cannot load checkpoint {name}: storage {str(key)!r} claims {nbytes} bytes "
+                f"but its zip record holds {held} (the file is truncated or corrupt)"
+            )
+
+    class Unpickler(base):  # type: ignore[valid-type, misc]  # a class of a pickle module
+        @property
+        def persistent_load(self) -> Callable[[Any], Any]:
+            return self.__dict__.get("_checked_persistent_load") or super().persistent_load
+
+        @persistent_load.setter
+        def persistent_load(self, load: Callable[[Any], Any]) -> None:
+            def checked(pid: Any) -> Any:
+                check(pid)
+                return load(pid)
+
+            self.__dict__["_checked_persistent_load"] = checked
+
+    checked_module = types.ModuleType(getattr(module, "__name__", "pickle_module"))
+    checked_module.__dict__.update(vars(module))
+    checked_module.Unpickler = Unpickler  # type: ignore[attr-defined]  # a synthetic pickle module
+    return checked_module
 
 
 def _load_full(f: Any, map_location: Any, pickle_module: Any, use_mmap: bool, encoding: str) -> Any:
@@ -189,11 +270,17 @@ def _first_line(exc: BaseException) -> str:
 class _ZipFacts:
     """What load needs to know about a zip checkpoint, read from its central directory."""
 
-    __slots__ = ("problem", "storages_stored", "scan")
+    __slots__ = ("problem", "storages_stored", "scan", "records")
 
-    def __init__(self, problem: Optional[str], storages_stored: bool) -> None:
+    def __init__(
+        self,
+        problem: Optional[str],
+        storages_stored: bool,
+        records: Optional[Dict[str, int]] = None,
+    ) -> None:
         self.problem = problem
         self.storages_stored = storages_stored
+        self.records = records  # storage record name (after data/) -> bytes in the zip
         self.scan: Optional[_unpickler.ScanResult] = None  # data.pkl's, when asked for
 
 
@@ -255,16 +342,30 @@ def _storage_facts(archive: Any, infos: List[Any]) -> _ZipFacts:
                 pass
     except Exception as exc:  # a local header that disagrees with the directory, ...
         return _ZipFacts(f"the zip archive is damaged ({type(exc).__name__}: {exc})", False)
-    return _ZipFacts(None, stored)
+    return _ZipFacts(None, stored, {i.filename[len(data) :]: i.file_size for i in storages})
 
 
-def _refusal_message(name: str, unsafe: List[str]) -> str:
+def _refusal_message(
+    name: str, unsafe: List[str], trust: Optional[_trust.ProjectTrust] = None
+) -> str:
     dangerous = [n for n in unsafe if n in _unpickler.KNOWN_DANGEROUS]
     listed = ", ".join(unsafe)
     message = (
         f"refused to load {name}: it references {len(unsafe)} global(s) outside the "
         f"weights-only allow-list: {listed}. Nothing from the file was executed."
     )
+    if trust is not None:
+        policy = _unpickler.Policy({}, trust)
+        reasons = "; ".join(
+            f"{n}: {policy.why_refused(n) or 'its module is never allowed'}" for n in unsafe[:5]
+        )
+        message += f" The project trust rule (trust_root={trust.root!r}) refused them: {reasons}."
+    elif any(n.startswith(("torch.nn.", "numpy.")) for n in unsafe):
+        message += (
+            " A whole-model pickle (torch.save(model)) of your own nn.Module classes, or numpy "
+            "arrays: st.load(..., trust_root=<the directory of your model's source>), which "
+            "`safetorch run` passes for the script's directory."
+        )
     if dangerous:
         message += (
             f" {', '.join(dangerous)} can run arbitrary code: do not allow them unless you "
@@ -358,6 +459,7 @@ def load(
     allow: Iterable[Any] = (),
     encoding: str = "utf-8",
     verify: bool = False,
+    trust_root: Optional[PathLike] = None,
 ) -> Any:
     """Load a checkpoint safely: weights-only on every torch, CPU by default, never less strict
     than ``torch.load(weights_only=True)`` of the newest torch.
@@ -393,6 +495,14 @@ def load(
             ``.safetensors`` file (see :mod:`safetorch.checkpoint.verify`); a flipped byte
             inside a storage raises ``CheckpointError`` instead of loading as a wrong weight.
             It reads the whole file once more (see ``benchmarks/RESULTS.md`` for the cost).
+        trust_root: a directory of your own source files: also rebuild whole-model pickles
+            (``torch.save(model)``) of the ``nn.Module`` classes defined in it and in
+            ``torch.nn``, and numpy arrays, and nothing else (no other callable, no class
+            from outside the directory or from an installed package; the exact boundary is
+            in ``safetorch/checkpoint/_trust.py``). A project module the file names is
+            imported only if its source file inside the directory defines that class.
+            ``None`` (default): no such rule. ``safetorch run`` passes the script's
+            directory.
 
     Returns:
         The loaded object.
@@ -405,6 +515,8 @@ def load(
             or legacy tar archive, or its tensors cannot be rebuilt (also a FileNotFoundError
             when it does not exist, an io.UnsupportedOperation when it is not seekable).
         TypeError: ``f`` is neither a path nor a binary file object.
+        ValueError: ``trust_root`` is not an existing directory, or is given with
+            ``weights_only=False``.
 
     >>> import io, torch, safetorch as st
     >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
@@ -429,6 +541,7 @@ def load(
         allow=allow,
         encoding=encoding,
         mmap_for_copy=False,
+        trust_root=trust_root,
     )
 
 
@@ -443,6 +556,7 @@ def _load(
     encoding: str,
     mmap_for_copy: bool,
     display: Optional[str] = None,
+    trust_root: Optional[PathLike] = None,
 ) -> Any:
     _check_file_argument(f)
     if weights_only not in (None, True, False):
@@ -463,6 +577,14 @@ def _load(
             "if you trust the file, or drop pickle_module to load it weights-only"
         )
     extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
+    trust: Optional[_trust.ProjectTrust] = None
+    if trust_root is not None:
+        if not safe:
+            raise ValueError(
+                f"st.load({name}, trust_root=...) applies to weights-only loads; drop "
+                "weights_only=False to load the project's modules with the trust rule"
+            )
+        trust = _trust.ProjectTrust(trust_root)
     src: Any = f
     if _is_path(src):
         if os.path.isdir(src) or os.fsdecode(src).endswith(".index.json"):
@@ -538,9 +660,9 @@ def _load(
     scan = facts.scan if facts is not None and facts.scan is not None else _unpickler.scan_file(src)
     if start is not None:
         src.seek(start)
-    unsafe = _unpickler.unsafe_globals(scan.globals, extra)
+    unsafe = _unpickler.unsafe_globals(scan.globals, extra, trust)
     if unsafe:
-        raise UnsafeCheckpointError(_refusal_message(name, unsafe), tuple(unsafe))
+        raise UnsafeCheckpointError(_refusal_message(name, unsafe, trust), tuple(unsafe))
     if scan.refused is not None:
         raise UnsafeCheckpointError(
             f"refused to load {name}: it uses {scan.refused}, which weights-only loading "
@@ -557,12 +679,19 @@ def _load(
         and encoding == "utf-8"
         # only torch's list and the user's add_safe_globals, which torch's loader honours too
         and not _unpickler.unsafe_globals(scan.globals, {})
-        and not set(scan.globals) & (set(extra) | _STRICTER_HERE)
+        and not set(scan.globals) & (set(extra) | _STRICTER_HERE | _WIDER_HERE)
     )
+    records = facts.records if facts is not None else None
     if defer:
-        return _wrap_failures(name, lambda: _load_torch_weights_only(src, map_location, use_mmap))
+        return _wrap_failures(
+            name, lambda: _load_torch_weights_only(src, map_location, use_mmap, records)
+        )
     return _wrap_failures(
-        name, lambda: _load_restricted(src, map_location, use_mmap, extra, encoding)
+        name,
+        lambda: _load_restricted(
+            src, map_location, use_mmap, extra, encoding, records, trust=trust
+        ),
+        trust,
     )
 
 
@@ -584,16 +713,22 @@ def load_checked(f: IO[bytes], display: Optional[str] = None) -> Any:
 
 # Globals whose REDUCE ours checks more strictly than torch (bytearray(<int>) allocates).
 _STRICTER_HERE = frozenset({"builtins.bytearray"})
+# Globals whose BUILD ours admits more of than torch: an allowed numpy.dtype covers the
+# numpy.dtypes.* instance it returns (torch also needs type(np.dtype(np.float64)) listed).
+_WIDER_HERE = frozenset({"numpy.dtype"})
 
 
-def _wrap_failures(name: str, run: Callable[[], Any]) -> Any:
+def _wrap_failures(
+    name: str, run: Callable[[], Any], trust: Optional[_trust.ProjectTrust] = None
+) -> Any:
     """Run a load; every failure becomes a CheckpointError naming the file and the reason."""
     try:
         return run()
     except (SafetorchError, Warning):
         raise  # ours already, or a warning the caller turned into an error
     except _unpickler.RefusedGlobal as exc:
-        raise UnsafeCheckpointError(_refusal_message(name, [exc.name]), (exc.name,)) from None
+        message = _refusal_message(name, [exc.name], trust)
+        raise UnsafeCheckpointError(message, (exc.name,)) from None
     except (_unpickler.RefusedOpcode, pickle.UnpicklingError) as exc:
         text = str(exc)
         if isinstance(exc, _unpickler.RefusedOpcode) or "Weights only load failed" in text:

@@ -15,6 +15,10 @@
   a callable that sees every storage's location).
 * Globals named with ``safetorch run --allow`` / ``SAFETORCH_ALLOW`` are allowed for these
   loads (``registry.allowed_globals()``); torch's ``add_safe_globals`` registrations too.
+* Under ``safetorch run`` (``SAFETORCH_TRUST_ROOT``, see ``allow.trust_root``) the project
+  trust rule is on: whole-model pickles of the script's own ``nn.Module`` classes (plus
+  ``torch.nn``'s and numpy arrays) load, as ``st.load(trust_root=...)``; each load it
+  admitted something for is a report line naming what.
 * Tensors are read into memory unless the caller passes ``mmap=True`` (as torch): a later
   ``torch.save`` over the same path never changes what an earlier ``torch.load`` returned.
 """
@@ -33,6 +37,7 @@ from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning
 from safetorch.patching import registry
+from safetorch.patching.allow import TRUST_ENV, trust_root
 
 __all__: list = []
 
@@ -41,6 +46,7 @@ _SIGNATURE = inspect.signature(torch.load)
 _checkpoint = importlib.import_module("safetorch.checkpoint")
 _cuda_available = torch.cuda.is_available
 _MapToAvailable = _checkpoint.MapToAvailable
+_trust = importlib.import_module("safetorch.checkpoint._trust")
 
 
 _DEFAULT_NOTE: Optional[str] = None
@@ -104,14 +110,26 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
     else:
         encoding = extra.pop("encoding", "utf-8")
         registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
-        result = _checkpoint.load(
-            f,
-            map_location,
-            weights_only=True,
-            mmap=mmap,
-            encoding=encoding,
-            allow=registry.allowed_globals(),
-        )
+        root = trust_root()
+        with _trust.recording() as trusted:
+            result = _checkpoint.load(
+                f,
+                map_location,
+                weights_only=True,
+                mmap=mmap,
+                encoding=encoding,
+                allow=registry.allowed_globals(),
+                trust_root=root,
+            )
+        if trusted:
+            shown = ", ".join(trusted[:6]) + (
+                f" and {len(trusted) - 6} more" if len(trusted) > 6 else ""
+            )
+            registry.record(
+                _NAME,
+                f"whole-model pickle loaded by the project trust rule ({TRUST_ENV}={root})",
+                f"admitted {shown}",
+            )
     if to_cpu is not None and to_cpu.mapped:
         registry.record(
             _NAME,

@@ -26,6 +26,10 @@ What "exactly" covers, and how:
   (``safetorch install-hook``). Calls in child processes are not in the report.
 * The report goes to stderr from an ``atexit`` handler registered before the program runs,
   so it comes after the program's own atexit handlers and after non-daemon threads end.
+* The project trust rule is on for the program's ``torch.load`` calls: ``SAFETORCH_TRUST_ROOT``
+  is set to the script's real directory (a directory target: itself; ``-m``: the working
+  directory, ``sys.path[0]``) unless already set, so whole-model pickles of the program's own
+  ``nn.Module`` classes load (see ``safetorch/checkpoint/_trust.py`` for the boundary).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 import wrapt
 
 from safetorch.patching import registry
+from safetorch.patching.allow import TRUST_ENV
 
 __all__: List[str] = []
 
@@ -244,18 +249,39 @@ def run(
     patches: Sequence[str] = ("all",),
     report: bool = True,
     allow: Sequence[str] = (),
+    trust: bool = True,
 ) -> int:
     """Run ``target`` (a script path, or a module name with ``module=True``) under patches.
 
     ``allow`` names globals (``"module.Name"``) that checkpoints loaded through the patched
     ``torch.load`` may reference; they are added to ``SAFETORCH_ALLOW``, which child
-    processes inherit. Returns the exit status for an uncaught exception (1);
-    ``SystemExit`` propagates.
+    processes inherit. ``trust`` (default) sets ``SAFETORCH_TRUST_ROOT`` to the program's
+    directory (:func:`trust_root_for`) unless it is set already (an empty value switches the
+    rule off); like ``SAFETORCH_PATCH`` it stays set until the process ends, so the program's
+    threads, atexit handlers and children load alike. Returns the exit status for an
+    uncaught exception (1); ``SystemExit`` propagates.
     """
     names = registry.resolve_names(patches, default_all=True)
     if allow:
         merged = (*registry.allowed_globals(), *allow)
         os.environ[registry.ALLOW_ENV] = ",".join(dict.fromkeys(merged))
+    if trust and TRUST_ENV not in os.environ:
+        os.environ[TRUST_ENV] = trust_root_for(target, module=module)
+    return _run_patched(target, args, module=module, names=names, report=report)
+
+
+def trust_root_for(target: str, *, module: bool = False) -> str:
+    """The project trust root of a run: the script's real directory, a directory target
+    itself, and for ``-m`` the working directory (``sys.path[0]``, where python finds it)."""
+    if module:
+        return os.getcwd()
+    real = os.path.realpath(target)
+    return real if os.path.isdir(real) else os.path.dirname(real)
+
+
+def _run_patched(
+    target: str, args: Sequence[str], *, module: bool, names: Sequence[str], report: bool
+) -> int:
     registry.enable(names)
     registry.reset_counts()
     os.environ[ENV_VAR] = ",".join(names)

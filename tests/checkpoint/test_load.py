@@ -467,16 +467,14 @@ def test_no_mmap_on_torch_before_2_1_or_file_objects(tmp_path, monkeypatch, simu
     """mmap=True maps only a zip file given by path on torch >= 2.1; elsewhere it reads."""
     path = _save({"w": torch.ones(1)}, tmp_path / "c.pt", "zip")
     used = []
-    real_restricted, real_torch = ckpt_io._load_restricted, ckpt_io._load_torch_weights_only
+    real_restricted = ckpt_io._load_restricted
+    # every zip load, with safetorch's unpickler or (torch >= 2.6) torch's, goes through it
     monkeypatch.setattr(
         ckpt_io,
         "_load_restricted",
-        lambda f, ml, use_mmap, *a: used.append(use_mmap) or real_restricted(f, ml, use_mmap, *a),
-    )
-    monkeypatch.setattr(
-        ckpt_io,
-        "_load_torch_weights_only",
-        lambda f, ml, use_mmap: used.append(use_mmap) or real_torch(f, ml, use_mmap),
+        lambda f, ml, use_mmap, *a, **k: (
+            used.append(use_mmap) or real_restricted(f, ml, use_mmap, *a, **k)
+        ),
     )
     with simulate_torch(LOAD_HAS_MMAP=False):
         assert torch.equal(st.load(path, mmap=True)["w"], torch.ones(1))
@@ -537,3 +535,35 @@ def test_map_location_available_loads_cuda_checkpoints_on_cpu(tmp_path, monkeypa
     where = st.checkpoint.MapToAvailable()
     assert st.load(tmp_path / "cpu.pt", map_location=where)["w"].device.type == "cpu"
     assert where.mapped == 0
+
+
+# --- a storage longer than its zip record ------------------------------------------------------
+@pytest.mark.parametrize("how", ["path", "mmap", "file object", "torch below 2.6"])
+def test_a_storage_longer_than_its_record_is_refused_on_every_path(tmp_path, how, simulate_torch):
+    """Storage sizes are checked against their zip records on every st.load path: read or
+    mapped, safetorch's unpickler or torch's. torch's reader checks this only from late 2025
+    (pytorch#165553) and never when mapping, where it reads the bytes after the record."""
+    from tests.checkpoint import _dirs
+
+    path = tmp_path / "short.pt"
+    torch.save({"w": torch.arange(64.0), "b": torch.ones(8)}, path)
+    assert _dirs.truncate_storage_record(str(path))
+    try:  # side by side: what this torch does with the same file
+        torch.load(path, weights_only=True)
+        torch_outcome = "loaded"
+    except Exception:
+        torch_outcome = "raised"
+    assert torch_outcome in ("loaded", "raised")
+    if how == "mmap" and not _compat.LOAD_HAS_MMAP:
+        pytest.skip("torch.load(mmap=True) needs torch >= 2.1")
+    branch = {"LOAD_WEIGHTS_ONLY_DEFAULT_TRUE": False} if how == "torch below 2.6" else {}
+    with simulate_torch(**branch), pytest.raises(st.CheckpointError) as info:
+        if how == "mmap":
+            st.load(path, mmap=True)
+        elif how == "file object":
+            with open(path, "rb") as fh:
+                st.load(fh)
+        else:
+            st.load(path)
+    text = str(info.value)
+    assert "claims 256 bytes but its zip record holds 128" in text and "short.pt" in text
