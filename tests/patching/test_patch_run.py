@@ -49,8 +49,11 @@ def in_process(monkeypatch) -> Iterator[List[Any]]:
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
-    monkeypatch.setenv("SAFETORCH_PATCH", "")  # records "absent": the runner's value is undone
-    monkeypatch.delenv("SAFETORCH_PATCH")
+    # absent during the test, restored after it: set then deleted, monkeypatch records each
+    # as it was, so what the runner sets (the patch list, its trust root) is undone
+    for name in ("SAFETORCH_PATCH", "SAFETORCH_TRUST_ROOT", "SAFETORCH_ALLOW"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(runner.atexit, "register", lambda *a: registered.append(a))
     yield registered
 
