@@ -405,6 +405,9 @@ class Rule:
     fixable: ClassVar[bool] = False
     #: How its fixes apply: ``"safe"``, ``"unsafe"``, or a short phrase when it depends.
     fix_applicability: ClassVar[str] = SAFE
+    #: An opt-in rule (ruff's "preview"): its measured precision is below the default set's,
+    #: so it runs only when selected by its exact code.
+    preview: ClassVar[bool] = False
     node_types: ClassVar[Tuple[Type[ast.AST], ...]] = ()
 
     def __init__(self, ctx: Context) -> None:

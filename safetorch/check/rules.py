@@ -8,6 +8,7 @@ it lives in, so monkeypatch mode can pair each patch with its rule.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import (
     Dict,
@@ -26,7 +27,20 @@ from typing import (
 from safetorch.check.engine import SAFE, SYNTAX_ERROR_CODE, UNSAFE, Context, Edit, Fix, Rule
 from safetorch.check.engine import walk as walk_nodes
 
-__all__ = ["RULES", "RULE_TABLE", "RuleInfo", "SyntaxErrorRule", "rule_for", "select_rules"]
+__all__ = [
+    "PREVIEW",
+    "PREVIEW_RULES",
+    "RULES",
+    "RULE_TABLE",
+    "RuleInfo",
+    "SyntaxErrorRule",
+    "explain_text",
+    "rule_for",
+    "select_rules",
+]
+
+#: The ``--select`` token that turns on every preview rule.
+PREVIEW = "PREVIEW"
 
 _F = "torch.nn.functional."
 _NN = "torch.nn."
@@ -194,17 +208,359 @@ def _loads_something(call: ast.Call) -> bool:
     return bool(call.args) or _keyword(call, "f") is not None
 
 
+# torch APIs whose use shows the code needs at least that torch (the release that added them).
+_NEWER_APIS: Tuple[Tuple[str, Tuple[int, int]], ...] = (
+    ("torch.accelerator", (2, 6)),  # torch 2.6: the device-generic accelerator module
+    ("torch.serialization.safe_globals", (2, 5)),  # torch 2.5
+    ("torch.serialization.add_safe_globals", (2, 4)),  # torch 2.4
+    ("torch.amp.GradScaler", (2, 3)),  # torch 2.3: device-generic GradScaler
+    ("torch.export", (2, 1)),  # torch 2.1
+    ("torch.compile", (2, 0)),  # torch 2.0
+    ("torch.func", (2, 0)),  # torch 2.0 (functorch merged)
+)
+
+
+def min_torch(ctx: Context) -> Tuple[Optional[Tuple[int, int]], str]:
+    """The oldest torch the file can run on: the configured ``min-torch-version`` or, when
+    higher, what its use of newer APIs implies; and why (``"torch.accelerator at line 3"``,
+    ``"min-torch-version"`` or ``""`` when unknown)."""
+    cached = ctx.cache.get("min_torch")
+    if cached is not None:
+        return cached
+    best, why = ctx.options.min_torch, "min-torch-version" if ctx.options.min_torch else ""
+    if "torch." in ctx.source or "from torch" in ctx.source:
+        for node in walk_nodes(ctx.tree):
+            if not isinstance(node, (ast.Attribute, ast.Name)):
+                continue
+            qual = ctx.qualname(node)
+            if qual is None:
+                continue
+            for api, version in _NEWER_APIS:
+                if (qual == api or qual.startswith(api + ".")) and (best is None or version > best):
+                    best, why = version, f"{api} at line {node.lineno}"
+    ctx.cache["min_torch"] = (best, why)
+    return best, why
+
+
+def torch_at_least(ctx: Context, major: int, minor: int) -> bool:
+    """True when every torch the file can run on is at least ``major.minor``."""
+    found = min_torch(ctx)[0]
+    return found is not None and found >= (major, minor)
+
+
+# Methods only a module has: a loaded object used with them is a whole pickled module.
+_MODULE_METHODS = frozenset(
+    {"eval", "train", "parameters", "named_parameters", "modules", "children", "forward"}
+    | {"state_dict", "named_modules", "zero_grad", "requires_grad_"}
+)
+
+
+class _Payloads:
+    """What the file's ``torch.save`` calls write and how its ``torch.load`` results are used:
+    the evidence ST003/ST004 advise from (ST003 never offers ``weights_only=True`` for a file
+    that evidently holds a whole module or numpy data)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.saves: List[Tuple[ast.Call, Optional[str]]] = []  # (save call, what it holds)
+        self.bindings: Dict[int, str] = {}  # id(load call) -> name its result is bound to
+        self.scope_of: Dict[int, ast.AST] = {}
+        self.loads_in_else: Set[int] = set()  # loads in a branch whose sibling maps
+        self.call_scope: Dict[int, ast.AST] = {}  # id(call) -> innermost function (or module)
+        self._numpy_names: Set[str] = set()
+        self._module_names: Set[str] = set()
+        self._read(ctx.tree)
+
+    def _read(self, tree: ast.Module) -> None:
+        ctx = self.ctx
+        self.functions = [n for n in walk_nodes(tree) if isinstance(n, _FUNCTIONS)]
+        scopes = [tree, *self.functions]
+        for scope in scopes:
+            for stmt in _statements_in_order(scope.body):
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                    target, value = stmt.targets[0], stmt.value
+                    name = _var_key(target)
+                    root = _chain_root(value)
+                    if name is not None and isinstance(root, ast.Call):
+                        qual = ctx.qualname(root.func) or ""
+                        if qual == "torch.load":
+                            self.bindings[id(root)] = name
+                            self.scope_of[id(root)] = scope
+                        elif qual.startswith(("numpy.", "np.")):
+                            self._numpy_names.add(name)
+                        elif qual.startswith(_NN) and qual[len(_NN) : len(_NN) + 1].isupper():
+                            self._module_names.add(name)
+                elif isinstance(stmt, ast.If):
+                    self._note_mapped_branches(stmt)
+        for node in walk_nodes(tree):
+            if isinstance(node, ast.Attribute) and node.attr in _MODULE_METHODS:
+                name = _var_key(node.value)
+                if name is not None:
+                    self._module_names.add(name)
+        for node in walk_nodes(tree):
+            if isinstance(node, ast.Call) and ctx.qualname(node.func) == "torch.save" and node.args:
+                self.saves.append((node, self._holds(node.args[0])))
+        for scope in scopes:  # outer functions first: the innermost one wins
+            for node in walk_nodes(scope):
+                if isinstance(node, ast.Call):
+                    self.call_scope[id(node)] = scope
+
+    def _note_mapped_branches(self, stmt: ast.If) -> None:
+        """``if cuda: torch.load(p) else: torch.load(p, map_location="cpu")``: the CUDA branch
+        loads where the tensors were saved, on purpose."""
+        branches = [stmt.body, stmt.orelse]
+        loads = []
+        for branch in branches:
+            calls = [
+                n
+                for s in branch
+                for n in walk_nodes(s)
+                if isinstance(n, ast.Call) and self.ctx.qualname(n.func) == "torch.load"
+            ]
+            loads.append(calls)
+        mapped = [any(_keyword(c, "map_location") for c in calls) for calls in loads]
+        for i, calls in enumerate(loads):
+            if mapped[1 - i]:
+                self.loads_in_else.update(id(c) for c in calls)
+
+    def _holds(self, obj: ast.AST) -> Optional[str]:
+        """``"a whole module"``, ``"numpy data"``, ``"CPU tensors"`` or None (a state dict or
+        something the checker cannot tell)."""
+        ctx = self.ctx
+        if isinstance(obj, ast.Call):
+            qual = ctx.qualname(obj.func) or ""
+            if qual.startswith(("numpy.", "np.")):
+                return "numpy data"
+            if isinstance(obj.func, ast.Attribute) and obj.func.attr == "cpu":
+                return "CPU tensors"
+            return None
+        if isinstance(obj, ast.Dict):
+            for value in obj.values:
+                inner = self._holds(value) if value is not None else None
+                if inner == "numpy data":
+                    return "numpy scalars"
+                if inner == "a whole module":
+                    return inner
+            return None
+        name = _var_key(obj)
+        if name in self._numpy_names:
+            return "numpy data"
+        if name in self._module_names:
+            return "a whole module"
+        return None
+
+    def load_holds(self, load: ast.Call) -> Optional[Tuple[str, int]]:
+        """What the file loaded by ``load`` evidently holds, and the line that shows it."""
+        name = self.bindings.get(id(load))
+        scope = self.scope_of.get(id(load), self.ctx.tree)
+        if name is not None:
+            for node in walk_nodes(scope):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and _var_key(node.value) == name
+                    and _pos(node) > _pos(load)
+                ):
+                    if node.attr in _MODULE_METHODS:
+                        return "a whole module", node.lineno
+                    if node.attr in ("astype", "tobytes"):
+                        return "numpy data", node.lineno
+                if (
+                    isinstance(node, ast.Call)
+                    and _var_key(node.func) == name
+                    and _pos(node) > _pos(load)
+                ):
+                    return "a whole module", node.lineno  # called: model(x)
+                if isinstance(node, ast.Call) and _pos(node) > _pos(load):
+                    qual = self.ctx.qualname(node.func) or ""
+                    numpy = qual == "torch.from_numpy" or qual.startswith(("numpy.", "np."))
+                    if numpy and any(_var_key(_subscript_root(a)) == name for a in node.args):
+                        return "numpy data", node.lineno  # torch.from_numpy(data[3:])
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    if node.func.attr == "load_state_dict" and any(
+                        _var_key(a) == name or _chain_root(a) is load for a in node.args
+                    ):
+                        return None  # loaded as a state dict
+        path = _arg(load, 0, "f")
+        candidates = [(held, save) for save, held in self.saves if self._same_file(path, save)]
+        kinds = {held for held, _ in candidates}
+        if len(kinds) == 1 and kinds <= {"a whole module", "numpy data", "numpy scalars"}:
+            return candidates[0][0], candidates[0][1].lineno  # type: ignore[return-value]  # held is one of the strings just checked
+        return None
+
+    def _same_file(self, path: Optional[ast.AST], save: ast.Call) -> bool:
+        """Whether ``save`` may write the file a load reads from ``path``: the same path
+        expression, or a path that is not a literal on either side."""
+        target = _arg(save, 1, "f")
+        if path is None or target is None:
+            return False
+        if self.ctx.segment(path) == self.ctx.segment(target):
+            # A local name (``path``) means the same file only within one function.
+            local = isinstance(path, ast.Name) and self._scope(path) is not self.ctx.tree
+            return not local or self._scope(path) is self._scope(save)
+        return not (isinstance(path, ast.Constant) and isinstance(target, ast.Constant))
+
+    def _scope(self, node: ast.AST) -> ast.AST:
+        """The function whose body holds the call ``node`` is in (by position), or the module."""
+        if id(node) in self.call_scope:
+            return self.call_scope[id(node)]
+        where = _pos(node)
+        best: ast.AST = self.ctx.tree
+        for scope in self.functions:  # in pre-order: a later match is nested deeper
+            if _pos(scope) <= where <= _end_pos(scope):
+                best = scope
+        return best
+
+    def saves_here(self, load: ast.Call) -> bool:
+        """The file itself saves the file ``load`` reads (the same path expression)."""
+        path = _arg(load, 0, "f")
+        for save, _ in self.saves:
+            target = _arg(save, 1, "f")
+            if path is not None and target is not None and self._same_file(path, save):
+                if self.ctx.segment(path) == self.ctx.segment(target):
+                    return True
+        return False
+
+    def saved_on_cpu(self, load: ast.Call) -> bool:
+        """The file writes what ``load`` reads from CPU tensors (``.cpu()``, numpy data)."""
+        path = _arg(load, 0, "f")
+        for save, held in self.saves:
+            if held in ("CPU tensors", "numpy data") and self._same_file(path, save):
+                target = _arg(save, 1, "f")
+                if target is not None and self.ctx.segment(target) == self.ctx.segment(path):  # type: ignore[arg-type]  # _same_file is False without a path
+                    return True
+        return False
+
+
+def _subscript_root(node: ast.AST) -> ast.AST:
+    """``data`` for ``data[3:, :-1]``."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node
+
+
+def _chain_root(node: ast.AST) -> ast.AST:
+    """``torch.load(p)`` for ``torch.load(p).to(device).eval()``."""
+    while (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Call)
+    ):
+        node = node.func.value
+    return node
+
+
+def payloads(ctx: Context) -> _Payloads:
+    found = ctx.cache.get("payloads")
+    if found is None:
+        found = ctx.cache["payloads"] = _Payloads(ctx)
+    return found
+
+
+# Words in an ``if`` test that say it decides about CUDA.
+_CUDA_TESTS = ("cuda", "gpu", "device_count")
+
+
+def _device_words(ctx: Context) -> Tuple[bool, bool, bool]:
+    """(the file uses CUDA, it can run without CUDA, it runs several processes)."""
+    cached = ctx.cache.get("device_words")
+    if cached is None:
+        uses_cuda = cpu_path = distributed = False
+        for node in walk_nodes(ctx.tree):
+            if isinstance(node, ast.Attribute):
+                if node.attr == "cuda":
+                    uses_cuda = True
+                elif node.attr in ("is_available", "device_count"):
+                    cpu_path = True
+                elif node.attr in ("local_rank", "world_size", "distributed"):
+                    distributed = True
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value.startswith("cuda"):
+                    uses_cuda = True
+                elif node.value in ("cpu", "mps") or node.value.startswith("cpu:"):
+                    cpu_path = True
+            elif isinstance(node, ast.Name) and node.id in ("local_rank", "world_size", "rank"):
+                distributed = True
+        if any(v.startswith("torch.distributed") for v in ctx.imports.values()):
+            distributed = True
+        if "torch.distributed" in ctx.source or "DistributedDataParallel" in ctx.source:
+            distributed = True
+        cached = ctx.cache["device_words"] = (uses_cuda, cpu_path, distributed)
+    return cached
+
+
+def _cuda_guards(ctx: Context) -> List[Tuple[Pos, Pos]]:
+    """Extents of the branches that run only with CUDA (``if torch.cuda.is_available():``,
+    ``if args.cuda:``)."""
+    cached = ctx.cache.get("cuda_guards")
+    if cached is None:
+        cached = []
+        for node in walk_nodes(ctx.tree):
+            if isinstance(node, ast.If) and node.body:
+                words = [
+                    getattr(n, "attr", None) or getattr(n, "id", None) or ""
+                    for n in walk_nodes(node.test)
+                ]
+                negated = isinstance(node.test, ast.UnaryOp)
+                if not negated and any(
+                    w in str(word).lower() for word in words for w in _CUDA_TESTS
+                ):
+                    cached.append((_pos(node.body[0]), _end_pos(node.body[-1])))
+        ctx.cache["cuda_guards"] = cached
+    return cached
+
+
+def _device_note(ctx: Context, call: ast.Call) -> Optional[str]:
+    """Why a ``torch.load`` without ``map_location`` can put tensors on a missing or wrong
+    device here, or None where it evidently cannot: the file saved them from the CPU, the
+    load runs only with CUDA (a branch whose sibling maps, or under a CUDA test), or the
+    script needs CUDA anyway and runs one process."""
+    if _keyword(call, "map_location") is not None or _has_star(call) or len(call.args) > 1:
+        return None
+    if not _loads_something(call):
+        return None
+    found = payloads(ctx)
+    if id(call) in found.loads_in_else or found.saved_on_cpu(call):
+        return None
+    held = found.load_holds(call)
+    if held is not None and held[0].startswith("numpy"):
+        return None  # numpy arrays live on the host
+    uses_cuda, cpu_path, distributed = _device_words(ctx)
+    if not uses_cuda and found.saves_here(call):
+        return None  # reloads what this CUDA-free file saved itself (a dataset, a cache)
+    if "offload_to_cpu" in ctx.source or "cpu_offload" in ctx.source:
+        return None  # FSDP state dicts gathered to the CPU before saving
+    where = _pos(call)
+    if any(lo <= where <= hi for lo, hi in _cuda_guards(ctx)):
+        return None
+    if uses_cuda and not cpu_path and not distributed:
+        return None  # a CUDA-only single-process script: the saved device is there
+    if distributed:
+        return "in a multi-process job every rank loads onto the device it was saved from (cuda:0)"
+    return "a checkpoint saved on a GPU fails to load on a machine without one"
+
+
 class LoadWithoutWeightsOnly(Rule):
-    """ST003: ``torch.load`` without ``weights_only``.
+    """ST003: ``torch.load`` without ``weights_only`` (one finding per call, safety and device).
 
     ``torch.load`` unpickles: with ``weights_only=False`` (the default before torch 2.6) a
     checkpoint file can run arbitrary code when loaded. Saying ``weights_only=True`` makes
     the call safe and behave the same on every torch version.
 
-    Fix (automatic): add ``weights_only=True``. Safe where ``[tool.safetorch]
-    min-torch-version`` is 2.6 or later (it is torch's default there); unsafe (only with
-    ``--unsafe-fixes``) otherwise, because on older torch it refuses checkpoints that pickle
-    other objects (numpy scalars, argparse Namespaces) which loaded before.
+    The minimum torch is the configured ``min-torch-version`` or, when higher, what the
+    file's own use of newer APIs needs (``torch.accelerator``: 2.6, ``torch.compile``: 2.0).
+    From torch 2.6 ``torch.load`` is weights-only by default: a call without
+    ``weights_only`` is then not reported, unless the file evidently holds more than
+    weights, which the default now refuses.
+
+    The advice follows what the file evidently holds: a whole module (``torch.save(model,
+    path)`` in the same file, or the loaded object used as a module: ``.eval()``, called),
+    numpy arrays or numpy scalars (saved from ``np.*`` values). ``weights_only=True`` refuses
+    those, so it is not offered there; the finding points to ``st.load(path, allow=[...])``
+    (an explicit allow-list, for this call only) or to saving a state_dict instead.
+
+    Fix (unsafe, ``--unsafe-fixes``): add ``weights_only=True``. On torch before 2.6 it
+    refuses checkpoints that pickle other objects (numpy scalars, argparse Namespaces) which
+    loaded before; not offered where the file evidently holds more than weights.
 
     safetorch: ``st.load`` (weights_only by default, clear error naming the blocked type).
     """
@@ -217,25 +573,64 @@ class LoadWithoutWeightsOnly(Rule):
     safetorch = "st.load"
     torch_symbols = ("torch.load",)
     fixable = True
-    fix_applicability = "safe if min-torch-version >= 2.6, else unsafe"
+    fix_applicability = UNSAFE
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:
         if self.ctx.qualname(node.func) != "torch.load" or _has_double_star(node):
             return
-        if _keyword(node, "weights_only") is not None or not _loads_something(node):
+        if not _loads_something(node):
+            return
+        weights_only = _keyword(node, "weights_only")
+        floor, why = min_torch(self.ctx)
+        new_torch = floor is not None and floor >= (2, 6)
+        held = payloads(self.ctx).load_holds(node)
+        if weights_only is not None:
+            if held is not None and _is_const(weights_only.value, True):
+                self.report(node, self._refused(held, "weights_only=True"))
+            return
+        if new_torch:
+            if held is not None:
+                since = f"this code needs torch >= 2.6 ({why})"
+                self.report(node, self._refused(held, f"the default weights_only=True ({since})"))
+            return
+        # With ST004 opt-in, this finding also carries the device advice: one per call.
+        device = _device_note(self.ctx, node) if LoadWithoutMapLocation.preview else None
+        tail = (
+            ""
+            if device is None
+            else f"; it also lacks map_location: {device} (st.load maps to CPU)"
+        )
+        if held is not None:
+            self.report(
+                node,
+                "torch.load without weights_only can execute code from the file (the default "
+                f"before torch 2.6){tail}; " + self._refused(held, "weights_only=True"),
+            )
             return
         edit = _add_keywords(self.ctx, node, "weights_only=True")
-        # From torch 2.6 weights_only=True is the default: saying so changes nothing. Before,
-        # it refuses checkpoints that pickle other objects (numpy scalars, argparse
-        # Namespaces): a resume that worked would fail.
-        applicability = SAFE if self.ctx.options.torch_at_least(2, 6) else UNSAFE
-        fix = None if edit is None else Fix("add weights_only=True", (edit,), applicability)
+        # weights_only=True refuses checkpoints that pickle other objects (numpy scalars,
+        # argparse Namespaces) on torch < 2.6: a resume that worked would fail.
+        fix = None if edit is None else Fix("add weights_only=True", (edit,), UNSAFE)
         self.report(
             node,
-            "torch.load without weights_only can execute code from the file: "
-            "pass weights_only=True or use st.load",
+            "torch.load without weights_only can execute code from the file (the default "
+            f"before torch 2.6): pass weights_only=True or use st.load{tail}",
             fix,
+        )
+
+    @staticmethod
+    def _refused(held: Tuple[str, int], what: str) -> str:
+        kind, line = held
+        instead = (
+            "save model.state_dict() instead"
+            if kind == "a whole module"
+            else "save tensors instead (torch.from_numpy)"
+        )
+        return (
+            f"{what} refuses the file, which evidently holds {kind} (line {line}): {instead}, "
+            "or load it with st.load(path, allow=[...the classes it holds]); "
+            "weights_only=False only for a file you trust"
         )
 
 
@@ -245,6 +640,11 @@ class LoadWithoutMapLocation(Rule):
     Without ``map_location`` every tensor goes back to the device it was saved from: loading
     a GPU checkpoint fails on a CPU-only machine, and in multi-GPU jobs every rank piles its
     copy onto ``cuda:0``.
+
+    Quiet where the file evidently never held GPU tensors (it saves that path from
+    ``.cpu()`` tensors or numpy data, FSDP CPU offload), where the load runs only with CUDA
+    (the CUDA branch of an ``if`` whose other branch maps, or under ``if
+    torch.cuda.is_available():``), and in CUDA-only single-process scripts.
 
     Fix (manual): pass ``map_location="cpu"`` (or the rank's device).
 
@@ -258,19 +658,21 @@ class LoadWithoutMapLocation(Rule):
     pitfall = "torch.load restores tensors to the device they were saved from"
     safetorch = "st.load"
     torch_symbols = ("torch.load",)
+    # Set to True to move it to the opt-in group: ST003 then carries the device advice, so
+    # one torch.load call gets one finding (issue 23.1).
+    preview = False
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:
         if self.ctx.qualname(node.func) != "torch.load" or _has_double_star(node):
             return
-        if _keyword(node, "map_location") is not None or _has_star(node):
-            return
-        if len(node.args) > 1 or not _loads_something(node):
+        note = _device_note(self.ctx, node)
+        if note is None:
             return
         self.report(
             node,
-            "torch.load without map_location puts tensors back on the device they were "
-            'saved from: pass map_location="cpu" (or the target device) or use st.load',
+            f"torch.load without map_location puts tensors back on the device they were "
+            f'saved from ({note}): pass map_location="cpu" (or the target device) or use st.load',
         )
 
 
@@ -543,6 +945,35 @@ def _var_key(node: ast.AST) -> Optional[str]:
     return None if attr is None else "self." + attr
 
 
+def _looks_like_device(node: ast.AST) -> bool:
+    """``"cuda:0"``, ``torch.device(...)``, ``device``, ``args.device``, ``local_rank``."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value.startswith(("cuda", "cpu", "mps"))
+    if isinstance(node, ast.Call):
+        func = node.func
+        return isinstance(func, ast.Attribute) and func.attr == "device"
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    name = name.lower()
+    return "device" in name or "gpu" in name or name in ("dev", "rank", "local_rank")
+
+
+def _is_blocking_copy(node: ast.Call) -> bool:
+    """``x.cuda()`` / ``x.to(device)`` without ``non_blocking=True``."""
+    func = node.func
+    if not isinstance(func, ast.Attribute) or func.attr not in ("cuda", "to"):
+        return False
+    flag = _keyword(node, "non_blocking")
+    if flag is not None:
+        return _is_const(flag.value, False)
+    if func.attr == "cuda":
+        return len(node.args) < 2
+    if _keyword(node, "device") is not None:
+        return True
+    if not node.args or len(node.args) > 2:
+        return False
+    return _looks_like_device(node.args[0])
+
+
 def _prints_a_value(node: ast.Call) -> bool:
     """``print(loss)`` / ``print(f"{loss}")``: formatting a tensor copies it to the host."""
     for arg in node.args:
@@ -568,11 +999,14 @@ class UnsyncedCudaTiming(Rule):
     ``.backward()``, ``optimizer.step()``, ``torch.*`` compute, in a function that uses
     CUDA) and nothing waits for the GPU: ``torch.cuda.synchronize()``, an event's or stream's
     ``.synchronize()``, a host copy (``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``,
-    ``float(t)``) or printing a value. Loops are understood: an interval that spans the
+    ``float(t)``), printing a value, a blocking copy to the device (``x.cuda()``,
+    ``x.to(device)`` without ``non_blocking=True``), or a call of a function of the file
+    that does one of these itself (one level, ``validate(...)``, ``self.log_step()``). Loops are understood: an interval that spans the
     iteration boundary (``prev = time.time()`` at the end of the body, ``time.time() - prev``
     at the top) is per-iteration timing, correct on average when the loop body syncs
-    anywhere (an ETA line in a loop that logs ``loss.item()``); data-loading intervals (from
-    the end of one iteration to the top of the next) launch no CUDA work.
+    anywhere (an ETA line in a loop that logs ``loss.item()``), and so is a cumulative reading
+    in a loop against a start before it (``time.time() - start_time`` for an ETA); data-loading
+    intervals (from the end of one iteration to the top of the next) launch no CUDA work.
 
     Fix (manual): call ``torch.cuda.synchronize()`` before the second reading, or time with
     CUDA events.
@@ -604,6 +1038,7 @@ class UnsyncedCudaTiming(Rule):
         self._any_timer = False
         self._scopes: Dict[int, _Interval] = {}
         self._work_calls: Dict[int, List[Tuple[Pos, ast.Call]]] = {}  # judged in finish()
+        self._local_calls: Dict[int, List[Tuple[Pos, str]]] = {}  # f(...) / self.f(...)
 
     def _events(self) -> _Interval:
         key = id(self.ctx.scope)
@@ -650,6 +1085,14 @@ class UnsyncedCudaTiming(Rule):
         if qual in _SYNC_FUNCS or (isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS):
             self._events().syncs.append(_end_pos(node))
             return
+        if _is_blocking_copy(node):
+            # A copy without non_blocking=True waits for the GPU (a host-to-device copy from
+            # pageable memory synchronizes the stream before it starts).
+            self._events().syncs.append(_end_pos(node))
+            return
+        callee = _var_key(func)
+        if callee is not None and (qual is None or qual == callee):
+            self._local_calls.setdefault(id(self.ctx.scope), []).append((_end_pos(node), callee))
         if isinstance(func, ast.Name):
             if func.id == "print" and _prints_a_value(node):
                 self._events().syncs.append(_end_pos(node))
@@ -702,9 +1145,29 @@ class UnsyncedCudaTiming(Rule):
         return qual.startswith("torch.") and not qual.startswith(_NOT_COMPUTE)
 
     # -- judging ---------------------------------------------------------------------------
+    def _syncing_functions(self) -> Set[str]:
+        """Functions of this file (``f``, and methods as ``self.f``) whose own body waits for
+        the GPU: a call to one is a synchronization point one level up."""
+        names: Set[str] = set()
+        for node in walk_nodes(self.ctx.tree):
+            if not isinstance(node, _FUNCTIONS):
+                continue
+            events = self._scopes.get(id(node))
+            if events is not None and events.syncs:
+                params = node.args.posonlyargs + node.args.args
+                method = bool(params) and params[0].arg == "self"
+                names.add(("self." if method else "") + node.name)
+        return names
+
     def finish(self) -> None:
         if not self._any_timer:
             return
+        syncing = self._syncing_functions() if self._local_calls else set()
+        for scope, calls in self._local_calls.items():
+            events = self._scopes.get(scope)
+            for pos, name in calls:
+                if name in syncing and events is not None:
+                    events.syncs.append(pos)
         for scope, events in self._scopes.items():
             if not events.defs:
                 continue
@@ -755,11 +1218,20 @@ class UnsyncedCudaTiming(Rule):
         if not before:
             return None
         start = max(before)
-        if any(start < s < end for s in events.syncs):
+        work = [w for w in events.work if start < w < end]
+        if not work:
             return None
-        if any(start < w < end for w in events.work):
-            return start
-        return None
+        # Synchronized when something waits for the GPU after the last work is launched (a
+        # copy at the start, as in model(x.cuda()), waits only for what came before it).
+        last = max(work)
+        if any(last <= s < end for s in events.syncs):
+            return None
+        for lo, hi in around:
+            # Read in a loop against a start before it (a since-start ETA): off by at most
+            # the unsynchronized tail of one iteration when the loop body syncs anywhere.
+            if start < lo and any(lo <= s <= hi for s in events.syncs):
+                return None
+        return start
 
 
 # ---------------------------------------------------------------------------------------------
@@ -841,23 +1313,6 @@ _DROPOUTS: FrozenSet[str] = frozenset(
     [_NN + "Dropout", _NN + "AlphaDropout", _NN + "FeatureAlphaDropout"]
     + [f"{_NN}Dropout{d}d" for d in (1, 2, 3)]
 )
-Pair = Tuple[ast.Call, ast.Call]
-
-
-def _sequential_items(ctx: Context, call: ast.Call) -> List[ast.AST]:
-    """The layers of ``nn.Sequential(a, b, ...)`` or ``nn.Sequential(OrderedDict([...]))``."""
-    if len(call.args) == 1 and isinstance(call.args[0], ast.Call):
-        inner = call.args[0]
-        name = ctx.qualname(inner.func) or ""
-        if name.endswith("OrderedDict") and inner.args:
-            items = inner.args[0]
-            if isinstance(items, (ast.List, ast.Tuple)):
-                return [
-                    e.elts[1]
-                    for e in items.elts
-                    if isinstance(e, (ast.Tuple, ast.List)) and len(e.elts) == 2
-                ]
-    return list(call.args)
 
 
 def _self_attr(node: ast.AST) -> Optional[str]:
@@ -870,13 +1325,476 @@ def _self_attr(node: ast.AST) -> Optional[str]:
     return None
 
 
-def _layer_called(node: Optional[ast.AST]) -> Optional[Tuple[str, ast.Call]]:
-    """``self.layer(arg, ...)`` -> ("layer", call)."""
-    if isinstance(node, ast.Call):
-        attr = _self_attr(node.func)
+_NORM_WORDS = ("BatchNorm", "SyncBatchNorm")
+# Sentinels among a layer's followers: the sequence ends there / something we cannot see.
+_END = "end of the sequence"
+_OPAQUE = "something the checker cannot see"
+# List methods that reorder or drop layers: after them a list's order is unknown.
+_LIST_SCRAMBLERS = frozenset({"insert", "pop", "remove", "reverse", "sort", "clear"})
+_Fn = Union[ast.FunctionDef, ast.AsyncFunctionDef]
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+class _Layer:
+    """One layer constructor call the flow found (``nn.Conv2d(...)``, ``norm_layer(c)``).
+
+    ``direct`` is False when the call was reached through a variable or a helper function
+    that returns one layer: it may be used elsewhere too, so a fix there is not offered.
+    """
+
+    __slots__ = ("call", "kind", "direct", "fn")
+
+    def __init__(self, call: ast.Call, kind: str, direct: bool, fn: Optional[_Fn]) -> None:
+        self.call = call
+        self.kind = kind
+        self.direct = direct
+        self.fn = fn  # the function whose body holds the call (None: module level)
+
+
+_Item = Union[_Layer, str]
+
+
+def _item_key(item: _Item) -> object:
+    return id(item.call) if isinstance(item, _Layer) else item
+
+
+def _unique(items: Iterable[_Item]) -> List[_Item]:
+    seen: Dict[object, _Item] = {}
+    for item in items:
+        seen.setdefault(_item_key(item), item)
+    return list(seen.values())
+
+
+class _Seq:
+    """What a list of layers may look like: its possible first and last items, whether it may
+    be empty, and every (layer, next item) pair it may contain."""
+
+    __slots__ = ("firsts", "lasts", "edges", "empty")
+
+    def __init__(
+        self,
+        firsts: Sequence[_Item] = (),
+        lasts: Sequence[_Item] = (),
+        edges: Sequence[Tuple[_Item, _Item]] = (),
+        empty: bool = False,
+    ) -> None:
+        self.firsts = list(firsts)
+        self.lasts = list(lasts)
+        self.edges = list(edges)
+        self.empty = empty
+
+    @staticmethod
+    def one(item: _Item) -> "_Seq":
+        return _Seq([item], [item])
+
+    def then(self, other: "_Seq") -> "_Seq":
+        """This sequence followed by ``other``."""
+        edges = self.edges + other.edges + [(a, b) for a in self.lasts for b in other.firsts]
+        firsts = self.firsts + (other.firsts if self.empty else [])
+        lasts = other.lasts + (self.lasts if other.empty else [])
+        return _Seq(_unique(firsts), _unique(lasts), edges, self.empty and other.empty)
+
+    def either(self, other: "_Seq") -> "_Seq":
+        """One of the two (after an ``if``, or a loop that may not run)."""
+        return _Seq(
+            _unique(self.firsts + other.firsts),
+            _unique(self.lasts + other.lasts),
+            self.edges + other.edges,
+            self.empty or other.empty,
+        )
+
+    def as_indirect(self) -> "_Seq":
+        """The same layers, marked as reached through a name (no fix edits them)."""
+
+        def indirect(item: _Item) -> _Item:
+            if isinstance(item, _Layer) and item.direct:
+                return _Layer(item.call, item.kind, False, item.fn)
+            return item
+
+        return _Seq(
+            [indirect(i) for i in self.firsts],
+            [indirect(i) for i in self.lasts],
+            [(indirect(a), indirect(b)) for a, b in self.edges],
+            self.empty,
+        )
+
+
+_OPAQUE_SEQ = _Seq([_OPAQUE], [_OPAQUE])
+# A name's value while the flow reads a function: (holds a list of layers, its sequence).
+_Env = Dict[str, Tuple[bool, _Seq]]
+
+
+def _merge_envs(base: _Env, *branches: _Env) -> _Env:
+    merged: _Env = {}
+    for name in set(base).union(*branches):
+        values = [b.get(name, base.get(name)) for b in branches]
+        known = [v for v in values if v is not None]
+        if not known or any(v[0] != known[0][0] for v in known):
+            continue  # bound to different kinds of things: forget it
+        seq = known[0][1]
+        for _, other in known[1:]:
+            seq = seq.either(other)
+        merged[name] = (known[0][0], seq)
+    return merged
+
+
+def _own_expressions(stmt: ast.stmt) -> List[ast.AST]:
+    """The expressions of a statement itself (not of nested blocks, functions, classes)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return []
+    own: List[ast.AST] = []
+    for name, value in ast.iter_fields(stmt):
+        if name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            continue
+        if isinstance(value, list):
+            own.extend(v for v in value if isinstance(v, ast.AST))
+        elif isinstance(value, ast.AST):
+            own.append(value)
+    return own
+
+
+class _LayerFlow:
+    """Which layers a file applies one right after the other, following the layer lists.
+
+    Lists are followed through ``layers = [...]``, ``layers += [...]``, ``.append``,
+    ``.extend``, ``if``/``else`` and loops (each branch and iteration counted), helper
+    functions that return a list or one layer (``*block(...)``, ``conv3x3(...)``), variables
+    holding a layer, and class aliases from parameter defaults (``norm_layer=nn.BatchNorm2d``),
+    into ``nn.Sequential(*layers)`` and into the ``self.<a>`` / ``self.<b>`` layers ``forward``
+    applies back to back. The result is, for each layer, every item that may follow it.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.followers: Dict[int, List[_Item]] = {}  # id(layer call) -> what may follow it
+        self.layers: Dict[int, _Layer] = {}
+        self.parent: Dict[int, ast.AST] = {}  # function or class -> its enclosing scope
+        self.functions: List[_Fn] = []
+        self.classes: List[ast.ClassDef] = []
+        self._returns: Dict[int, Optional[Tuple[bool, _Seq]]] = {}
+        self._attrs: Dict[Tuple[int, str], _Seq] = {}  # (class, attr) -> layer(s) it holds
+        self._aliases: Dict[Tuple[int, str], Optional[str]] = {}
+        self._index_scopes(ctx.tree)
+        self._flow_scope(ctx.tree, None)
+        for fn in self.functions:
+            self._flow_function(fn)
+        for cls in self.classes:
+            self._forward_edges(cls)
+
+    # -- the file's functions and classes --------------------------------------------------
+    def _index_scopes(self, tree: ast.Module) -> None:
+        stack: List[Tuple[ast.AST, ast.AST]] = [(tree, tree)]
+        while stack:
+            node, scope = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    self.parent[id(child)] = scope
+                    if isinstance(child, ast.ClassDef):
+                        self.classes.append(child)
+                    else:
+                        self.functions.append(child)
+                    stack.append((child, child))
+                else:
+                    stack.append((child, scope))
+
+    def _enclosing(self, fn: Optional[ast.AST]) -> Iterator[ast.AST]:
+        """``fn`` and the scopes around it, innermost first (the module last)."""
+        while fn is not None:
+            yield fn
+            fn = self.parent.get(id(fn))
+        yield self.ctx.tree
+
+    def _class_of(self, fn: Optional[ast.AST]) -> Optional[ast.ClassDef]:
+        for scope in self._enclosing(fn):
+            if isinstance(scope, ast.ClassDef):
+                return scope
+        return None
+
+    def _helper(self, func: ast.AST, fn: Optional[_Fn]) -> Optional[_Fn]:
+        """The function of this file that a call's callee names (``block``, ``self._make``)."""
+        attr = _self_attr(func)
         if attr is not None:
-            return attr, node
-    return None
+            cls = self._class_of(fn)
+            for stmt in cls.body if cls is not None else ():
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == attr:
+                    return stmt
+            return None
+        if not isinstance(func, ast.Name) or func.id in self.ctx.imports:
+            return None
+        for scope in self._enclosing(fn):
+            for stmt in getattr(scope, "body", ()):
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    stmt.name == func.id
+                ):
+                    return stmt
+        return None
+
+    # -- what a name or call stands for ----------------------------------------------------
+    def kind(self, func: ast.AST, fn: Optional[_Fn]) -> Optional[str]:
+        """The torch layer class a call's callee names, through imports and class aliases."""
+        qual = self.ctx.qualname(func)
+        if qual is not None:
+            return qual
+        if isinstance(func, ast.Name):
+            for scope in self._enclosing(fn):
+                key = (id(scope), func.id)
+                if key not in self._aliases:
+                    self._aliases[key] = self._alias_in(scope, func.id)
+                found = self._aliases[key]
+                if found is not None:
+                    return found or None
+        return None
+
+    def _alias_in(self, scope: ast.AST, name: str) -> Optional[str]:
+        """``norm_layer`` -> ``torch.nn.BatchNorm2d`` from ``norm_layer=nn.BatchNorm2d`` (a
+        parameter default) or ``norm_layer = nn.BatchNorm2d`` in ``scope``; "" when the name
+        is bound there to something else, None when it is not bound there."""
+        values: List[ast.AST] = []
+        args = getattr(scope, "args", None)
+        if args is not None:
+            positional = [*args.posonlyargs, *args.args]
+            defaults: List[Optional[ast.expr]] = [None] * (
+                len(positional) - len(args.defaults)
+            ) + list(args.defaults)
+            pairs = list(zip(positional, defaults)) + list(zip(args.kwonlyargs, args.kw_defaults))
+            for arg, default in pairs:
+                if arg.arg == name:
+                    values.append(default if default is not None else ast.Constant(None))
+        body = getattr(scope, "body", [])
+        for stmt in _statements_in_order(body):
+            if isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in stmt.targets
+            ):
+                values.append(stmt.value)
+        if not values:
+            return None
+        found: Set[str] = set()
+        for value in values:
+            if _is_const(value, None):
+                continue
+            qual = self.ctx.qualname(value)
+            if isinstance(value, ast.Call) and (self.ctx.qualname(value.func) or "").endswith(
+                "functools.partial"
+            ):
+                qual = self.ctx.qualname(value.args[0]) if value.args else None
+            if qual is None or not qual.startswith(_NN):
+                return ""
+            found.add(qual)
+        return found.pop() if len(found) == 1 else ""
+
+    def _layer_call(self, call: ast.Call, fn: Optional[_Fn], direct: bool) -> Optional[_Layer]:
+        kind = self.kind(call.func, fn)
+        if kind is None or not kind.startswith(_NN):
+            return None
+        last = kind.rsplit(".", 1)[1]
+        if not last[:1].isupper() or kind == _NN + "Sequential":
+            return None
+        layer = _Layer(call, kind, direct, fn)
+        self.layers.setdefault(id(call), layer)
+        return layer
+
+    def item(self, expr: ast.AST, env: _Env, fn: Optional[_Fn]) -> _Seq:
+        """The layers one element of a layer list contributes (usually one)."""
+        if isinstance(expr, ast.Starred):
+            return self.sequence(expr.value, env, fn)
+        if isinstance(expr, ast.Call):
+            if self.kind(expr.func, fn) == _NN + "Sequential":
+                return self._sequential(expr, env, fn)
+            layer = self._layer_call(expr, fn, True)
+            if layer is not None:
+                return _Seq.one(layer)
+            helper = self._helper(expr.func, fn)
+            returned = None if helper is None else self._flow_function(helper)
+            if returned is not None and not returned[0]:
+                return returned[1].as_indirect()
+            return _OPAQUE_SEQ
+        if isinstance(expr, ast.Name):
+            bound = env.get(expr.id)
+            if bound is not None and not bound[0]:
+                return bound[1].as_indirect()
+        return _OPAQUE_SEQ
+
+    def sequence(self, expr: ast.AST, env: _Env, fn: Optional[_Fn]) -> _Seq:
+        """The layers a list-valued expression holds, in order."""
+        if isinstance(expr, (ast.List, ast.Tuple)):
+            seq = _Seq(empty=True)
+            for elt in expr.elts:
+                seq = seq.then(self.item(elt, env, fn))
+            return seq
+        if isinstance(expr, ast.Name):
+            bound = env.get(expr.id)
+            return bound[1] if bound is not None and bound[0] else _OPAQUE_SEQ
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            return self.sequence(expr.left, env, fn).then(self.sequence(expr.right, env, fn))
+        if isinstance(expr, ast.Call):
+            qual = self.ctx.qualname(expr.func) or ""
+            name = expr.func.id if isinstance(expr.func, ast.Name) else ""
+            if name in ("list", "tuple") or qual == _NN + "ModuleList":
+                if not expr.args:
+                    return _Seq(empty=True)
+                return self.sequence(expr.args[0], env, fn)
+            helper = self._helper(expr.func, fn)
+            returned = None if helper is None else self._flow_function(helper)
+            if returned is not None and returned[0]:
+                return returned[1]
+        return _OPAQUE_SEQ
+
+    def _value(self, expr: ast.AST, env: _Env, fn: Optional[_Fn]) -> Optional[Tuple[bool, _Seq]]:
+        """(is a list, layers) for a value bound to a name or returned; None if neither."""
+        if isinstance(expr, (ast.List, ast.Tuple, ast.BinOp)):
+            seq = self.sequence(expr, env, fn)
+            return None if seq is _OPAQUE_SEQ else (True, seq)
+        if isinstance(expr, ast.Name):
+            return env.get(expr.id)
+        if isinstance(expr, ast.Call):
+            name = expr.func.id if isinstance(expr.func, ast.Name) else ""
+            if name in ("list", "tuple") or self.ctx.qualname(expr.func) == _NN + "ModuleList":
+                return True, self.sequence(expr, env, fn)
+            one = self.item(expr, env, fn)
+            if one is not _OPAQUE_SEQ:
+                return False, one
+            seq = self.sequence(expr, env, fn)
+            if seq is not _OPAQUE_SEQ:
+                return True, seq
+        return None
+
+    # -- nn.Sequential and forward ---------------------------------------------------------
+    def _sequential(self, call: ast.Call, env: _Env, fn: Optional[_Fn]) -> _Seq:
+        """The layers of ``nn.Sequential(...)``; its pairs are recorded (it ends there)."""
+        args: List[ast.AST] = list(call.args)
+        if len(call.args) == 1 and isinstance(call.args[0], ast.Call):
+            inner = call.args[0]
+            if (self.ctx.qualname(inner.func) or "").endswith("OrderedDict") and inner.args:
+                items = inner.args[0]
+                if isinstance(items, (ast.List, ast.Tuple)):
+                    args = [
+                        e.elts[1]
+                        for e in items.elts
+                        if isinstance(e, (ast.Tuple, ast.List)) and len(e.elts) == 2
+                    ]
+        seq = _Seq(empty=True)
+        for arg in args:
+            seq = seq.then(self.item(arg, env, fn))
+        self._record(seq.then(_Seq.one(_END)))
+        return seq
+
+    def _record(self, seq: _Seq) -> None:
+        for a, b in seq.edges:
+            if isinstance(a, _Layer):
+                found = self.followers.setdefault(id(a.call), [])
+                if all(_item_key(f) != _item_key(b) for f in found):
+                    found.append(b)
+                known = self.layers.get(id(a.call))
+                if known is None or (known.direct and not a.direct):
+                    self.layers[id(a.call)] = a  # indirect anywhere: indirect
+
+    def _forward_edges(self, cls: ast.ClassDef) -> None:
+        for a_name, b_name in _forward_pairs(cls):
+            a = self._attrs.get((id(cls), a_name))
+            b = self._attrs.get((id(cls), b_name))
+            if a is not None and b is not None:
+                self._record(_Seq(a.lasts, a.lasts).then(_Seq(b.firsts, b.firsts)))
+
+    # -- reading one function top to bottom ------------------------------------------------
+    def _flow_function(self, fn: _Fn) -> Optional[Tuple[bool, _Seq]]:
+        """Read ``fn`` once (memoized); return what it returns, if a layer or a layer list."""
+        key = id(fn)
+        if key in self._returns:
+            return self._returns[key]
+        self._returns[key] = None  # recursion guard
+        returned = self._flow_scope(fn, fn)
+        self._returns[key] = returned
+        return returned
+
+    def _flow_scope(self, scope: ast.AST, fn: Optional[_Fn]) -> Optional[Tuple[bool, _Seq]]:
+        returns: List[Tuple[bool, _Seq]] = []
+        self._flow(getattr(scope, "body", []), {}, fn, returns)
+        if not returns or any(r[0] != returns[0][0] for r in returns):
+            return None
+        seq = returns[0][1]
+        for _, other in returns[1:]:
+            seq = seq.either(other)
+        return returns[0][0], seq
+
+    def _flow(
+        self,
+        body: Sequence[ast.stmt],
+        env: _Env,
+        fn: Optional[_Fn],
+        returns: List[Tuple[bool, _Seq]],
+    ) -> _Env:
+        for stmt in body:
+            for expr in _own_expressions(stmt):
+                for sub in walk_nodes(expr):
+                    if isinstance(sub, ast.Call) and self.kind(sub.func, fn) == _NN + "Sequential":
+                        self._sequential(sub, env, fn)
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                value = self._value(stmt.value, env, fn)
+                for target in targets:
+                    self._bind(target, value, env, fn)
+            elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                bound = env.get(stmt.target.id)
+                if bound is not None and bound[0] and isinstance(stmt.op, ast.Add):
+                    env[stmt.target.id] = (True, bound[1].then(self.sequence(stmt.value, env, fn)))
+                else:
+                    env.pop(stmt.target.id, None)
+            elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+                self._list_method(stmt.value, env, fn)
+            elif isinstance(stmt, ast.Return) and stmt.value is not None:
+                value = self._value(stmt.value, env, fn)
+                if value is not None:
+                    returns.append(value)
+            elif isinstance(stmt, ast.If):
+                taken = self._flow(stmt.body, dict(env), fn, returns)
+                other = self._flow(stmt.orelse, dict(env), fn, returns)
+                env = _merge_envs(env, taken, other)
+            elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                once = self._flow(stmt.body, dict(env), fn, returns)
+                again = self._flow(stmt.body, _merge_envs(env, once), fn, returns)
+                env = _merge_envs(env, again)
+                env = self._flow(stmt.orelse, env, fn, returns)
+            elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+                env = self._flow(stmt.body, env, fn, returns)
+            elif isinstance(stmt, ast.Try):
+                env = self._flow(stmt.body, env, fn, returns)
+                env = self._flow(stmt.orelse, env, fn, returns)
+                env = self._flow(stmt.finalbody, env, fn, returns)
+        return env
+
+    def _bind(
+        self, target: ast.AST, value: Optional[Tuple[bool, _Seq]], env: _Env, fn: Optional[_Fn]
+    ) -> None:
+        if isinstance(target, ast.Name):
+            if value is None:
+                env.pop(target.id, None)
+            else:
+                env[target.id] = value
+            return
+        attr = _self_attr(target)
+        cls = self._class_of(fn)
+        if attr is not None and cls is not None:
+            if value is not None and not value[0]:
+                self._attrs[(id(cls), attr)] = value[1]
+            else:
+                self._attrs.pop((id(cls), attr), None)
+        for name in _bound_names(target):
+            env.pop(name, None)
+
+    def _list_method(self, call: ast.Call, env: _Env, fn: Optional[_Fn]) -> None:
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+            return
+        name = func.value.id
+        bound = env.get(name)
+        if bound is None or not bound[0]:
+            return
+        if func.attr == "append" and len(call.args) == 1:
+            env[name] = (True, bound[1].then(self.item(call.args[0], env, fn)))
+        elif func.attr == "extend" and len(call.args) == 1:
+            env[name] = (True, bound[1].then(self.sequence(call.args[0], env, fn)))
+        elif func.attr in _LIST_SCRAMBLERS:
+            env[name] = (True, _OPAQUE_SEQ)
 
 
 def _forward_pairs(cls: ast.ClassDef) -> List[Tuple[str, str]]:
@@ -915,49 +1833,39 @@ def _forward_pairs(cls: ast.ClassDef) -> List[Tuple[str, str]]:
     return pairs
 
 
-def _init_layers(cls: ast.ClassDef) -> Dict[str, ast.Call]:
-    """``self.<name> = <call>`` assignments in ``__init__``."""
-    layers: Dict[str, ast.Call] = {}
-    for stmt in cls.body:
-        if isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
-            for node in walk_nodes(stmt):
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                    for target in node.targets:
-                        attr = _self_attr(target)
-                        if attr is not None:
-                            layers[attr] = node.value
-    return layers
-
-
-def adjacent_layers(ctx: Context, node: ast.AST) -> List[Pair]:
-    """Constructor calls of layers applied one right after the other.
-
-    From ``nn.Sequential(...)`` (``node`` a call) or from a module class whose ``forward``
-    applies ``self.a`` then ``self.b`` directly (``node`` a class). Shared by ST008 and ST009
-    through ``ctx.cache``.
-    """
-    cache = ctx.cache.setdefault("adjacent_layers", {})
-    key = id(node)
-    if key in cache:
-        return cache[key]
-    pairs: List[Pair] = []
+def _layer_called(node: Optional[ast.AST]) -> Optional[Tuple[str, ast.Call]]:
+    """``self.layer(arg, ...)`` -> ("layer", call)."""
     if isinstance(node, ast.Call):
-        if ctx.qualname(node.func) == _NN + "Sequential":
-            items = _sequential_items(ctx, node)
-            for a, b in zip(items, items[1:]):
-                if isinstance(a, ast.Call) and isinstance(b, ast.Call):
-                    pairs.append((a, b))
-    elif isinstance(node, ast.ClassDef):
-        names = _forward_pairs(node)
-        if names:
-            layers = _init_layers(node)
-            for a_name, b_name in names:
-                if a_name in layers and b_name in layers:
-                    pairs.append((layers[a_name], layers[b_name]))
-    cache[key] = pairs
-    return pairs
+        attr = _self_attr(node.func)
+        if attr is not None:
+            return attr, node
+    return None
 
 
+def layer_flow(ctx: Context) -> Optional[_LayerFlow]:
+    """The file's layer flow (shared by ST008 and ST009), or None in a file without
+    BatchNorm (nothing either rule looks for can be there)."""
+    if "layer_flow" not in ctx.cache:
+        relevant = any(word in ctx.source for word in _NORM_WORDS)
+        ctx.cache["layer_flow"] = _LayerFlow(ctx) if relevant else None
+    flow: Optional[_LayerFlow] = ctx.cache["layer_flow"]
+    return flow
+
+
+def _followed_by_norm(flow: _LayerFlow, kinds: FrozenSet[str]) -> Iterator[Tuple[_Layer, str]]:
+    """(layer of one of ``kinds``, the BatchNorm class after it) for every such pair."""
+    for key, followers in flow.followers.items():
+        layer = flow.layers[key]
+        if layer.kind not in kinds:
+            continue
+        norm = next(
+            (f.kind for f in followers if isinstance(f, _Layer) and f.kind in _BATCHNORMS), None
+        )
+        if norm is not None:
+            yield layer, norm
+
+
+# -- ST008: the bias argument and the code that touches .bias ------------------------------
 def _bias_arg(call: ast.Call, index: int) -> Tuple[bool, Optional[ast.expr]]:
     """(known, value) of the bias argument; value None means "not given" (bias=True)."""
     kw = _keyword(call, "bias")
@@ -970,18 +1878,233 @@ def _bias_arg(call: ast.Call, index: int) -> Tuple[bool, Optional[ast.expr]]:
     return True, None
 
 
+def _param_default(fn: Optional[_Fn], name: str) -> Optional[ast.expr]:
+    """The default of parameter ``name`` of ``fn`` (None: no such parameter or no default)."""
+    if fn is None:
+        return None
+    args = fn.args
+    positional = [*args.posonlyargs, *args.args]
+    offset = len(positional) - len(args.defaults)
+    for i, arg in enumerate(positional):
+        if arg.arg == name:
+            return args.defaults[i - offset] if i >= offset else None
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        if arg.arg == name:
+            return default
+    return None
+
+
+def _callers_pass(ctx: Context, fn: _Fn, name: str) -> bool:
+    """Whether a call of ``fn`` in this file passes parameter ``name`` as anything but True."""
+    positional = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    index = positional.index(name) if name in positional else None
+    if index is not None and positional and positional[0] in ("self", "cls"):
+        index -= 1
+    for node in walk_nodes(ctx.tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if called != fn.name:
+            continue
+        if _has_double_star(node) or _has_star(node):
+            return True
+        kw = _keyword(node, name)
+        value = kw.value if kw is not None else None
+        if value is None and index is not None and len(node.args) > index:
+            value = node.args[index]
+        if value is not None and not _is_const(value, True):
+            return True
+    return False
+
+
+def _mentions_bias(test: ast.AST) -> bool:
+    for sub in walk_nodes(test):
+        if isinstance(sub, ast.Attribute) and sub.attr == "bias":
+            return True
+        if isinstance(sub, ast.Constant) and sub.value == "bias":
+            return True
+    return False
+
+
+def _isinstance_kinds(ctx: Context, test: ast.AST) -> Optional[Set[str]]:
+    """The classes an ``isinstance(m, (A, B))`` test (possibly inside ``and``) admits."""
+    calls = [test]
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        calls = list(test.values)
+    for call in calls:
+        word = _class_name_test(call)
+        if word is not None:
+            return {"~" + word}
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "isinstance"
+            and len(call.args) == 2
+        ):
+            classes = call.args[1]
+            elts = classes.elts if isinstance(classes, ast.Tuple) else [classes]
+            kinds: Set[str] = set()
+            for elt in elts:
+                qual = ctx.qualname(elt)
+                if qual is None:
+                    return None  # a class defined elsewhere: it may be a conv
+                kinds.add(qual)
+            return kinds
+    return None
+
+
+def _class_name_test(test: ast.AST) -> Optional[str]:
+    """``"Conv"`` for ``classname.find("Conv") != -1`` or ``"Conv" in classname`` (the DCGAN
+    ``weights_init`` idiom), else None."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    left, op = test.left, test.ops[0]
+    if isinstance(op, ast.In) and isinstance(left, ast.Constant) and isinstance(left.value, str):
+        return left.value
+    if (
+        isinstance(op, (ast.NotEq, ast.Gt, ast.GtE))
+        and isinstance(left, ast.Call)
+        and isinstance(left.func, ast.Attribute)
+        and left.func.attr == "find"
+        and len(left.args) == 1
+        and isinstance(left.args[0], ast.Constant)
+        and isinstance(left.args[0].value, str)
+    ):
+        return left.args[0].value
+    return None
+
+
+def _bias_write_applies(kinds: Optional[Set[str]], kind: str) -> bool:
+    """Whether a ``.bias`` write limited to ``kinds`` (see ``_bias_writes``) can reach a layer
+    of class ``kind``."""
+    if kinds is None or kind in kinds:
+        return True
+    short = kind.rsplit(".", 1)[1]
+    for k in kinds:
+        if k.startswith("~"):
+            if k[1:] in short:
+                return True
+        elif not (k.startswith(_NN) and k[len(_NN) : len(_NN) + 1].isupper()):
+            return True  # a class of its own or a private base (_ConvNd): it may be one
+    return False
+
+
+_BiasWrite = Tuple[int, Optional[Set[str]], Optional[ast.AST]]
+
+
+def _bias_writes(ctx: Context) -> List[_BiasWrite]:
+    """Code that uses ``X.bias`` as a tensor without checking it exists: (line, the layer
+    classes an enclosing ``isinstance`` test limits it to or None for any layer, the
+    module-level function or class it is in or None for module-level code).
+
+    ``m.bias.data.zero_()``, ``m.bias.fill_(0)``, ``nn.init.constant_(m.bias, 0)``,
+    ``m.bias[...]`` crash once the layer has ``bias=False`` (``m.bias`` is then None); under
+    ``if m.bias is not None:`` (any test that mentions ``bias``) or ``try`` they do not.
+    """
+    found = ctx.cache.get("bias_writes")
+    if found is not None:
+        return found
+    found = []
+
+    def visit(
+        node: ast.AST, guarded: bool, kinds: Optional[Set[str]], owner: Optional[ast.AST]
+    ) -> None:
+        if isinstance(node, ast.If):
+            inner_kinds = _isinstance_kinds(ctx, node.test)
+            inner = guarded or _mentions_bias(node.test)
+            for child in node.body:
+                visit(child, inner, inner_kinds if inner_kinds is not None else kinds, owner)
+            for child in node.orelse:
+                visit(child, guarded, kinds, owner)
+            visit(node.test, guarded, kinds, owner)
+            return
+        if isinstance(node, ast.IfExp):
+            inner = guarded or _mentions_bias(node.test)
+            visit(node.body, inner, kinds, owner)
+            visit(node.orelse, guarded, kinds, owner)
+            return
+        if isinstance(node, ast.Try):
+            return  # a try around it: the author expected it to fail sometimes
+        if not guarded and _uses_bias_tensor(ctx, node):
+            found.append((node.lineno, kinds, owner))  # type: ignore[attr-defined]  # _uses_bias_tensor accepts only expression nodes
+        for sub in ast.iter_child_nodes(node):
+            top = owner
+            if owner is None and isinstance(sub, (*_FUNCTIONS, ast.ClassDef)):
+                top = sub
+            visit(sub, guarded, kinds, top)
+
+    if ".bias" in ctx.source:
+        visit(ctx.tree, False, None, None)
+    ctx.cache["bias_writes"] = found
+    return found
+
+
+def _reaches(ctx: Context, cls: ast.ClassDef, owner: Optional[ast.AST]) -> bool:
+    """Whether code in ``owner`` (a module-level function or class; None: module code) can
+    run on the layers of class ``cls``: it is ``cls`` or one of its bases in this file, a
+    function ``cls`` names (``self.apply(init_weights)``), or a function applied outside any
+    class (``model.apply(weights_init)`` in the training script)."""
+    if owner is None:
+        return True
+    classes = {c.name: c for c in ctx.tree.body if isinstance(c, ast.ClassDef)}
+    todo, seen = [cls], set()
+    while todo:
+        current = todo.pop()
+        if current is owner:
+            return True
+        seen.add(current.name)
+        for base in current.bases:
+            name = base.id if isinstance(base, ast.Name) else None
+            if name in classes and name not in seen:
+                todo.append(classes[name])
+    if not isinstance(owner, _FUNCTIONS):
+        return False
+    named = {n.id for n in walk_nodes(cls) if isinstance(n, ast.Name)}
+    if owner.name in named:
+        return True
+    for node in ctx.tree.body:
+        if isinstance(node, ast.ClassDef):
+            continue
+        for sub in walk_nodes(node):
+            if isinstance(sub, ast.Name) and sub.id == owner.name and isinstance(sub.ctx, ast.Load):
+                return True
+    return False
+
+
+def _is_bias(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "bias" and not _self_attr(node)
+
+
+def _uses_bias_tensor(ctx: Context, node: ast.AST) -> bool:
+    if isinstance(node, (ast.Attribute, ast.Subscript)) and _is_bias(node.value):
+        return True
+    if isinstance(node, ast.Call) and node.args and _is_bias(node.args[0]):
+        return (ctx.qualname(node.func) or "").startswith(_NN + "init.")
+    return False
+
+
 class BiasBeforeBatchNorm(Rule):
     """ST008: a Conv/Linear layer with a bias immediately followed by BatchNorm.
 
     BatchNorm subtracts the per-channel mean, so the bias of the layer before it cancels
-    out: parameters and compute spent on nothing (and weight decay applied to them). Found
-    in ``nn.Sequential(...)`` and in ``forward`` methods that apply ``self.conv`` then
-    ``self.bn`` directly.
+    out: parameters and compute spent on nothing (and weight decay applied to them).
+
+    The rule follows the layers: ``nn.Sequential(a, b, ...)``, lists built with
+    ``layers = [...]``, ``layers += [...]``, ``.append(...)``, ``.extend(...)`` (through
+    ``if``/``else`` and loops) and splatted into ``nn.Sequential(*layers)``, helper functions
+    returning a list or one layer, variables holding a layer, class aliases from parameter
+    defaults (``norm_layer=nn.BatchNorm2d``), ``bias=bias`` with a ``True`` default, and
+    ``forward`` methods that apply ``self.conv`` then ``self.bn`` directly.
 
     Fix (unsafe, ``--unsafe-fixes`` only): ``bias=False`` on the Conv/Linear layer. It
     removes a parameter, so existing checkpoints no longer load (``Unexpected key(s) in
     state_dict: "0.bias"``), the random initialisation of later layers changes (one fewer
-    draw from the RNG), and an explicit ``bias=True`` is overridden.
+    draw from the RNG), and an explicit ``bias=True`` is overridden. Offered only where the
+    layer is written at that place, is followed by BatchNorm wherever it is used, and no code
+    in the file writes ``m.bias`` of such layers without checking ``m.bias is not None``
+    (an init loop that zeroes every conv's bias would crash); elsewhere the finding says
+    what to change by hand.
 
     safetorch: ``st.lint_model`` reports the same on a built model at runtime.
     """
@@ -995,35 +2118,63 @@ class BiasBeforeBatchNorm(Rule):
     torch_symbols = ()
     fixable = True
     fix_applicability = UNSAFE
-    node_types = (ast.Call, ast.ClassDef)
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
-        self._reported: Set[int] = set()
+    def finish(self) -> None:
+        flow = layer_flow(self.ctx)
+        if flow is None:
+            return
+        for layer, norm in _followed_by_norm(flow, frozenset(_BIASED)):
+            self._judge(flow, layer, norm)
 
-    def visit(self, node: ast.AST) -> None:
-        for layer, after in adjacent_layers(self.ctx, node):
-            qual = self.ctx.qualname(layer.func)
-            bn = self.ctx.qualname(after.func)
-            if qual not in _BIASED or bn not in _BATCHNORMS or id(layer) in self._reported:
-                continue
-            known, value = _bias_arg(layer, _BIASED[qual])
-            if not known:
-                continue
-            if value is not None and not _is_const(value, True):
-                continue  # bias=False, or an expression we cannot judge
-            self._reported.add(id(layer))
-            if value is None:
-                edit = _add_keywords(self.ctx, layer, "bias=False")
-            else:
-                edit = self.ctx.replace(value, "False")
-            fix = None if edit is None else Fix("set bias=False", (edit,), UNSAFE)
+    def _judge(self, flow: _LayerFlow, layer: _Layer, norm: str) -> None:
+        call, qual = layer.call, layer.kind
+        known, value = _bias_arg(call, _BIASED[qual])
+        if not known:
+            return
+        head = f"{_short(qual)} has a bias that the following {_short(norm)} cancels"
+        tail = " (st.lint_model finds this at runtime)"
+        if isinstance(value, ast.Name) and not _is_const(value, True):
+            default = _param_default(layer.fn, value.id)
+            if layer.fn is None or not _is_const(default, True):
+                return  # bias=use_bias: an expression the rule cannot judge
+            if _callers_pass(self.ctx, layer.fn, value.id):
+                return
             self.report(
-                layer,
-                f"{_short(qual)} has a bias that the following {_short(bn or '')} cancels: "
-                "pass bias=False (st.lint_model finds this at runtime)",
-                fix,
+                call,
+                f"{head} ({value.id}={value.id}, whose default is True): pass "
+                f"{value.id}=False where it is built before BatchNorm{tail}",
             )
+            return
+        if value is not None and not _is_const(value, True):
+            return  # bias=False, or an expression we cannot judge
+        why = self._no_fix_reason(flow, layer)
+        if why is not None:
+            self.report(call, f"{head}: pass bias=False{why}{tail}")
+            return
+        if value is None:
+            edit = _add_keywords(self.ctx, call, "bias=False")
+        else:
+            edit = self.ctx.replace(value, "False")
+        fix = None if edit is None else Fix("set bias=False", (edit,), UNSAFE)
+        self.report(call, f"{head}: pass bias=False{tail}", fix)
+
+    def _no_fix_reason(self, flow: _LayerFlow, layer: _Layer) -> Optional[str]:
+        """Why ``bias=False`` cannot be written automatically here, or None."""
+        cls = flow._class_of(layer.fn)
+        for line, kinds, owner in _bias_writes(self.ctx):
+            if cls is not None and not _reaches(self.ctx, cls, owner):
+                continue
+            if _bias_write_applies(kinds, layer.kind):
+                return (
+                    f", after guarding the code that writes .bias at line {line} with "
+                    "`if m.bias is not None:` (with bias=False it would crash)"
+                )
+        if not flow.layers[id(layer.call)].direct:
+            return " where it is built (it is reached through a helper or a variable)"
+        followers = flow.followers.get(id(layer.call), [])
+        if any(not (isinstance(f, _Layer) and f.kind in _BATCHNORMS) for f in followers):
+            return " where it is followed by BatchNorm (elsewhere it is not)"
+        return None
 
 
 class DropoutBeforeBatchNorm(Rule):
@@ -1031,7 +2182,10 @@ class DropoutBeforeBatchNorm(Rule):
 
     BatchNorm's running statistics are collected on dropped-out activations in training but
     applied to full activations in eval ("variance shift"), so eval accuracy drops. Put
-    Dropout after BatchNorm (or after the block).
+    Dropout after BatchNorm (or after the block). Found wherever ST008 looks: literal
+    ``nn.Sequential(...)`` arguments, layer lists built with ``+=``/``.append``/``.extend``
+    and splatted into ``nn.Sequential(*layers)``, helper functions returning layer lists
+    (``*block(...)``), and ``forward`` methods.
 
     Fix (manual): swap the two layers.
 
@@ -1045,19 +2199,18 @@ class DropoutBeforeBatchNorm(Rule):
     pitfall = "Dropout before BatchNorm makes train and eval statistics disagree"
     safetorch = "st.lint_model"
     torch_symbols = ()
-    node_types = (ast.Call, ast.ClassDef)
 
-    def visit(self, node: ast.AST) -> None:
-        for layer, after in adjacent_layers(self.ctx, node):
-            qual = self.ctx.qualname(layer.func)
-            bn = self.ctx.qualname(after.func)
-            if qual in _DROPOUTS and bn in _BATCHNORMS:
-                self.report(
-                    layer,
-                    f"{_short(qual)} right before {_short(bn or '')} shifts the statistics "
-                    "BatchNorm sees between train and eval: put Dropout after BatchNorm "
-                    "(st.lint_model finds this at runtime)",
-                )
+    def finish(self) -> None:
+        flow = layer_flow(self.ctx)
+        if flow is None:
+            return
+        for layer, norm in _followed_by_norm(flow, _DROPOUTS):
+            self.report(
+                layer.call,
+                f"{_short(layer.kind)} right before {_short(norm)} shifts the statistics "
+                "BatchNorm sees between train and eval: put Dropout after BatchNorm "
+                "(st.lint_model finds this at runtime)",
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1164,6 +2317,12 @@ _WRAPPERS = {
 }
 
 
+# Calls chained on a freshly wrapped model that return the same wrapper.
+_CHAINED_ON_MODELS = frozenset({"cuda", "to", "cpu", "float", "half", "double", "train", "eval"})
+# What a wrapper made only for its ``module.``-prefixed keys is used for.
+_KEY_ONLY_ATTRS = frozenset({"state_dict", "load_state_dict", "module"})
+
+
 def _statements_in_order(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
     """The statements of one scope in source order, entering compound statements but not
     nested functions or classes."""
@@ -1179,6 +2338,32 @@ def _statements_in_order(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
                         yield from _statements_in_order([item])
                     elif hasattr(item, "body"):  # except handler, match case
                         yield from _statements_in_order(item.body)
+
+
+Branch = Tuple[Tuple[int, str], ...]
+
+
+def _statements_with_branch(
+    body: Sequence[ast.stmt], branch: Branch = ()
+) -> Iterator[Tuple[ast.stmt, Branch]]:
+    """Like ``_statements_in_order``, with the conditional branches each statement is in:
+    ``((id(if), "body"), ...)``; a statement under no ``if``/``try``/loop has ``()``."""
+    for stmt in body:
+        yield stmt, branch
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        conditional = isinstance(stmt, (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While))
+        conditional = conditional or type(stmt).__name__ == "Match"
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(stmt, name, None)
+            if not isinstance(inner, list):
+                continue
+            here = branch + ((id(stmt), name),) if conditional and name != "finalbody" else branch
+            for i, item in enumerate(inner):
+                if isinstance(item, ast.stmt):
+                    yield from _statements_with_branch([item], here)
+                elif hasattr(item, "body"):  # except handler, match case: one branch each
+                    yield from _statements_with_branch(item.body, here + ((id(item), str(i)),))
 
 
 def _state_dict_holders(expr: ast.AST) -> Iterator[Tuple[ast.Call, ast.AST]]:
@@ -1198,9 +2383,10 @@ class _Scope:
     def __init__(self, node: ast.AST, local_names: Set[str]) -> None:
         self.node = node
         self.local_names = local_names  # names bound here (not declared global)
-        self.wrapped: Dict[str, str] = {}  # name -> wrapper class
+        # name -> (wrapper class, branch of the wrapping statement, wrapped only sometimes)
+        self.wrapped: Dict[str, Tuple[str, Branch, bool]] = {}
         # name -> state_dict() calls of wrapped models its value holds
-        self.holds: Dict[str, List[Tuple[ast.Call, str, str]]] = {}
+        self.holds: Dict[str, List[Tuple[ast.Call, str, str, bool]]] = {}
 
 
 def _bound_here(fn: ast.AST) -> Set[str]:
@@ -1223,6 +2409,73 @@ def _bound_here(fn: ast.AST) -> Set[str]:
     return names - declared
 
 
+def _only_for_its_keys(scope: ast.AST, name: str, after: ast.stmt) -> bool:
+    """Whether ``name``, bound at ``after`` to a wrapper, is used only for its state_dict keys
+    afterwards in ``scope`` (``model.state_dict()``, ``.load_state_dict``, ``.module``): never
+    called, trained or passed on."""
+    start = _end_pos(after)
+    nodes = walk_nodes(scope)
+    stop = (10**9, 0)  # up to the next rebinding of the name
+    for node in nodes:
+        if isinstance(node, ast.Assign) and _pos(node) > start:
+            if any(name in _bound_names(t) for t in node.targets):
+                stop = min(stop, _end_pos(node))
+    key_uses = 0
+    attribute_values: Set[int] = set()
+    for node in nodes:
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == name and start < _pos(node) < stop:
+                attribute_values.add(id(node.value))
+                if node.attr not in _KEY_ONLY_ATTRS:
+                    return False
+                key_uses += node.attr != "module"
+    for node in nodes:
+        if (
+            isinstance(node, ast.Name)
+            and node.id == name
+            and isinstance(node.ctx, ast.Load)
+            and start < _pos(node) < stop
+            and id(node) not in attribute_values
+        ):
+            return False
+    return key_uses > 0
+
+
+def _made_for_its_keys(ctx: Context, stmt: ast.stmt, branch: Branch) -> bool:
+    """``model = nn.DataParallel(model)`` made only to give its state_dict the ``module.``
+    prefix (a conversion script, a test of prefix handling): DataParallel of the model alone,
+    not under a condition (a parallelism decision depends on the GPUs), and used afterwards
+    only for its keys."""
+    if branch or not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return False
+    target, value = stmt.targets[0], stmt.value
+    if not (isinstance(target, ast.Name) and isinstance(value, ast.Call)):
+        return False
+    if ctx.qualname(value.func) != _NN + "DataParallel" or len(value.args) != 1 or value.keywords:
+        return False
+    return _only_for_its_keys(_scope_of(ctx, stmt), target.id, stmt)
+
+
+def _scope_of(ctx: Context, stmt: ast.stmt) -> ast.AST:
+    """The function (or the module) whose body holds ``stmt``."""
+    scopes = ctx.cache.get("statement_scopes")
+    if scopes is None:
+        scopes = {}
+        for fn in (
+            ctx.tree,
+            *(
+                n
+                for n in walk_nodes(ctx.tree)
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ),
+        ):
+            for inner in _statements_in_order(fn.body):
+                scopes[id(inner)] = fn
+        ctx.cache["statement_scopes"] = scopes
+    found: ast.AST = scopes.get(id(stmt), ctx.tree)
+    return found
+
+
 class StateDictOfWrappedModel(Rule):
     """ST011: saving the ``state_dict()`` of a DataParallel/DDP-wrapped model.
 
@@ -1238,9 +2491,16 @@ class StateDictOfWrappedModel(Rule):
     function of the module that passes its parameter to ``torch.save``
     (``save_checkpoint({"state_dict": model.state_dict()}, path)``).
 
-    Fix (manual): save ``m.module.state_dict()`` (when ``m`` is always wrapped) or
-    ``st.unwrap_model(m).state_dict()``; ``st.load_state_dict`` strips the prefix when
-    loading such files.
+    The wrapper is seen through calls chained on it (``DataParallel(model).cuda()``) and
+    through ``DataParallel(m) if n_gpu > 1 else m``; a rebinding on another branch
+    (``else: model = model.cuda()``) does not hide it. A wrapper used only for its keys
+    (``nn.DataParallel(model).state_dict()`` to add the prefix on purpose, or a test of
+    prefix handling: never called, trained or passed on) is not reported.
+
+    Fix (manual): save ``st.unwrap_model(m).state_dict()`` (``m.module.state_dict()`` only
+    where ``m`` is always wrapped: it crashes where the wrap is conditional), and change the
+    load side too where the project resumes from its own files: ``st.load_state_dict(m,
+    sd)`` loads keys with or without the prefix into a wrapped or a bare model.
 
     safetorch: ``st.unwrap_model``.
     """
@@ -1261,13 +2521,32 @@ class StateDictOfWrappedModel(Rule):
     def visit(self, node: ast.Call) -> None:
         # The shared walk only notes whether the file wraps a model at all: most files do
         # not, and the dataflow below (its own walks) is then skipped.
-        if not self._any_wrapper and self._wrapper(node) is not None:
+        if not self._any_wrapper and self._wrap_call(node) is not None:
             self._any_wrapper = True
 
-    def _wrapper(self, value: Optional[ast.AST]) -> Optional[str]:
+    def _wrap_call(self, value: Optional[ast.AST]) -> Optional[str]:
         if isinstance(value, ast.Call):
             return _WRAPPERS.get(self.ctx.qualname(value.func) or "")
         return None
+
+    def _wrapper(self, value: Optional[ast.AST]) -> Optional[Tuple[str, bool]]:
+        """(wrapper class, only sometimes) for ``DataParallel(m)``, seen through device and
+        mode calls chained on it (``DataParallel(m).cuda()``) and ``DP(m) if c else m``."""
+        while (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr in _CHAINED_ON_MODELS
+            and self._wrap_call(value) is None
+        ):
+            value = value.func.value
+        if isinstance(value, ast.IfExp):
+            for side in (value.body, value.orelse):
+                found = self._wrapper(side)
+                if found is not None:
+                    return found[0], True
+            return None
+        wrapper = self._wrap_call(value)
+        return None if wrapper is None else (wrapper, False)
 
     def finish(self) -> None:
         if not self._any_wrapper:
@@ -1276,14 +2555,15 @@ class StateDictOfWrappedModel(Rule):
         functions = [
             n for n in walk_nodes(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         ]
-        self._self_wrapped: Dict[str, str] = {}
-        for node in walk_nodes(tree):
-            if isinstance(node, ast.Assign):
-                wrapper = self._wrapper(node.value)
-                for target in node.targets:
-                    attr = _self_attr(target)
-                    if attr is not None and wrapper is not None:
-                        self._self_wrapped[attr] = wrapper
+        self._self_wrapped: Dict[str, Tuple[str, Branch, bool]] = {}
+        for scope_node in (tree, *functions):
+            for stmt, branch in _statements_with_branch(scope_node.body):
+                if isinstance(stmt, ast.Assign):
+                    found = self._wrapper(stmt.value)
+                    for target in stmt.targets:
+                        attr = _self_attr(target)
+                        if attr is not None and found is not None:
+                            self._self_wrapped[attr] = (found[0], branch, found[1] or bool(branch))
         self._savers = self._saving_functions(functions)
         self._reported: Set[int] = set()
         module = _Scope(tree, set())
@@ -1319,7 +2599,7 @@ class StateDictOfWrappedModel(Rule):
 
     def _wrapped_holder(
         self, scope: _Scope, module: Optional[_Scope], holder: ast.AST
-    ) -> Optional[str]:
+    ) -> Optional[Tuple[str, Branch, bool]]:
         if isinstance(holder, ast.Name):
             owner, _ = self._lookup(scope, module, holder.id)
             return owner.wrapped.get(holder.id)
@@ -1328,13 +2608,14 @@ class StateDictOfWrappedModel(Rule):
 
     def _wrapped_state_dicts(
         self, scope: _Scope, module: Optional[_Scope], expr: ast.AST
-    ) -> List[Tuple[ast.Call, str, str]]:
-        """The wrapped models' ``state_dict()`` calls whose result ``expr`` holds."""
-        found: List[Tuple[ast.Call, str, str]] = []
+    ) -> List[Tuple[ast.Call, str, str, bool]]:
+        """The wrapped models' ``state_dict()`` calls whose result ``expr`` holds:
+        (call, model as written, wrapper, wrapped only sometimes)."""
+        found: List[Tuple[ast.Call, str, str, bool]] = []
         for call, holder in _state_dict_holders(expr):
-            wrapper = self._wrapped_holder(scope, module, holder)
-            if wrapper is not None:
-                found.append((call, self.ctx.segment(holder), wrapper))
+            wrapped = self._wrapped_holder(scope, module, holder)
+            if wrapped is not None:
+                found.append((call, self.ctx.segment(holder), wrapped[0], wrapped[2]))
         for sub in walk_nodes(expr):
             if isinstance(sub, ast.Name):
                 owner, _ = self._lookup(scope, module, sub.id)
@@ -1343,40 +2624,38 @@ class StateDictOfWrappedModel(Rule):
 
     def _read_scope(self, scope: _Scope, module: Optional[_Scope]) -> None:
         body = scope.node.body  # type: ignore[attr-defined]  # a scope node is a Module/FunctionDef/ClassDef: all have body
-        for stmt in _statements_in_order(body):
+        for stmt, branch in _statements_with_branch(body):
             if isinstance(stmt, ast.Assign):
-                self._assign(scope, module, stmt)
+                self._assign(scope, module, stmt, branch)
             for sub in self._calls_of(stmt):
                 self._judge_call(scope, module, sub)
 
     @staticmethod
     def _calls_of(stmt: ast.stmt) -> Iterator[ast.Call]:
         """Calls in the statement itself (not in nested blocks, functions or classes)."""
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            return
-        own: List[ast.AST] = []
-        for name, value in ast.iter_fields(stmt):
-            if name in ("body", "orelse", "finalbody", "handlers", "cases"):
-                continue
-            if isinstance(value, list):
-                own.extend(v for v in value if isinstance(v, ast.AST))
-            elif isinstance(value, ast.AST):
-                own.append(value)
-        for part in own:
+        for part in _own_expressions(stmt):
             for sub in walk_nodes(part):
                 if isinstance(sub, ast.Call):
                     yield sub
 
-    def _assign(self, scope: _Scope, module: Optional[_Scope], stmt: ast.Assign) -> None:
-        wrapper = self._wrapper(stmt.value)
+    def _assign(
+        self, scope: _Scope, module: Optional[_Scope], stmt: ast.Assign, branch: Branch
+    ) -> None:
+        found = self._wrapper(stmt.value)
         held = self._wrapped_state_dicts(scope, module, stmt.value)
         for target in stmt.targets:
             if isinstance(target, ast.Name):
                 owner, _ = self._lookup(scope, module, target.id)
-                if wrapper is not None:
-                    owner.wrapped[target.id] = wrapper
-                else:  # rebound to something else (e.g. model = model.module)
-                    owner.wrapped.pop(target.id, None)
+                if found is not None:
+                    if not _made_for_its_keys(self.ctx, stmt, branch):
+                        owner.wrapped[target.id] = (found[0], branch, found[1] or bool(branch))
+                else:
+                    # Rebound to something else (model = model.module): it is no longer
+                    # wrapped, unless the wrap happened only on a branch this is not on
+                    # (if n_gpu > 1: model = DataParallel(model) / else: model = model.cuda()).
+                    previous = owner.wrapped.get(target.id)
+                    if previous is not None and branch == previous[1][: len(branch)]:
+                        owner.wrapped.pop(target.id, None)
                 if held:
                     owner.holds[target.id] = list(held)
                 else:
@@ -1386,6 +2665,20 @@ class StateDictOfWrappedModel(Rule):
                 if held:
                     owner, _ = self._lookup(scope, module, target.value.id)
                     owner.holds.setdefault(target.value.id, []).extend(held)
+
+    def _resume_line(self, scope: _Scope, model: str) -> Optional[int]:
+        """The line where the code loads a state dict into ``model`` (its own resume): in the
+        saving function, or anywhere for ``self.<model>`` and module-level models."""
+        local = isinstance(scope.node, _FUNCTIONS) and model.split(".")[0] in scope.local_names
+        for node in walk_nodes(scope.node if local else self.ctx.tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load_state_dict"
+                and self.ctx.segment(node.func.value) == model
+            ):
+                return node.lineno
+        return None
 
     def _judge_call(self, scope: _Scope, module: Optional[_Scope], call: ast.Call) -> None:
         saved: Optional[ast.AST] = None
@@ -1401,16 +2694,32 @@ class StateDictOfWrappedModel(Rule):
                     saved = call.args[index]
         if saved is None:
             return
-        for sd_call, model, wrapper in self._wrapped_state_dicts(scope, module, saved):
+        for sd_call, model, wrapper, sometimes in self._wrapped_state_dicts(scope, module, saved):
             if id(sd_call) in self._reported:
                 continue
             self._reported.add(id(sd_call))
+            if sometimes:
+                advice = (
+                    f"save st.unwrap_model({model}).state_dict() ({model}.module exists only "
+                    "when it is wrapped)"
+                )
+            else:
+                advice = (
+                    f"save st.unwrap_model({model}).state_dict() (or {model}.module.state_dict())"
+                )
+            resume = self._resume_line(scope, model)
+            if resume is not None:
+                load = (
+                    f", and load it at line {resume} with st.load_state_dict({model}, ...), "
+                    "which accepts keys with or without the prefix"
+                )
+            else:
+                load = "; st.load_state_dict loads files with or without the prefix"
             self.report(
                 sd_call,
-                f"{model} is wrapped in {wrapper}, so {model}.state_dict() keys start with "
-                f"'module.' and the saved file (line {call.lineno}) does not load into the "
-                f"bare model: save {model}.module.state_dict() or "
-                f"st.unwrap_model({model}).state_dict()",
+                f"{model} is {'sometimes ' if sometimes else ''}wrapped in {wrapper}, so "
+                f"{model}.state_dict() keys start with 'module.' and the saved file (line "
+                f"{call.lineno}) does not load into the bare model: {advice}{load}",
             )
 
 
@@ -1521,7 +2830,10 @@ class DataParallelUsed(Rule):
     DataParallel runs one process with a thread per GPU: the GIL, re-broadcasting the model
     every step and gathering every output on ``cuda:0`` make it slower than
     DistributedDataParallel even on a single machine, and ``cuda:0`` runs out of memory
-    first. Its state_dict keys are prefixed with ``module.``.
+    first. Its state_dict keys are prefixed with ``module.``. Not reported where the wrapper
+    is made only for those keys (``nn.DataParallel(model).state_dict()``, or an unconditional
+    ``m = nn.DataParallel(model)`` used only for ``m.state_dict()``): a conversion script or a
+    test of prefix handling, which never runs it.
 
     Fix (manual): ``torch.nn.parallel.DistributedDataParallel`` (one process per GPU).
 
@@ -1535,12 +2847,37 @@ class DataParallelUsed(Rule):
     pitfall = "nn.DataParallel is slower than DDP and overloads cuda:0"
     safetorch = "st.unwrap_model"
     torch_symbols = (_NN + "DataParallel",)
-    node_types = (ast.Call,)
+    node_types = (ast.Call, ast.Attribute)
 
-    def visit(self, node: ast.Call) -> None:
-        if self.ctx.qualname(node.func) == _NN + "DataParallel":
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._calls: List[ast.Call] = []
+        self._for_keys: Set[int] = set()
+
+    def visit(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Attribute):
+            # nn.DataParallel(model).state_dict(): made for its prefixed keys, not to run
+            if node.attr in _KEY_ONLY_ATTRS and isinstance(node.value, ast.Call):
+                self._for_keys.add(id(node.value))
+        elif isinstance(node, ast.Call) and self.ctx.qualname(node.func) == _NN + "DataParallel":
+            self._calls.append(node)
+
+    def finish(self) -> None:
+        if not self._calls:
+            return
+        scopes = [
+            self.ctx.tree,
+            *(n for n in walk_nodes(self.ctx.tree) if isinstance(n, _FUNCTIONS)),
+        ]
+        for scope in scopes:
+            for stmt, branch in _statements_with_branch(scope.body):
+                if isinstance(stmt, ast.Assign) and _made_for_its_keys(self.ctx, stmt, branch):
+                    self._for_keys.add(id(stmt.value))
+        for call in self._calls:
+            if id(call) in self._for_keys:
+                continue
             self.report(
-                node,
+                call,
                 "nn.DataParallel is slower than DistributedDataParallel and gathers on cuda:0: "
                 "use DistributedDataParallel (st.unwrap_model to save its weights)",
             )
@@ -1616,7 +2953,7 @@ class ConvertSyncBatchNorm(Rule):
                 continue
             older = (
                 ""
-                if self.ctx.options.torch_at_least(2, 0)
+                if torch_at_least(self.ctx, 2, 0)
                 else " (and on torch < 2.0 also without a process group)"
             )
             self.report(
@@ -1653,9 +2990,11 @@ class PositionalEpsInNorm(Rule):
     and leaves momentum at 0.1. Reported when the positional value is a number of 0.01 or
     more (a real eps is 1e-5 .. 1e-3) or a name that says momentum.
 
-    Fix (manual): spell it with a keyword. ``momentum=`` if momentum was meant (note that
-    torch's momentum is ``1 -`` Keras's: Keras ``momentum=0.8`` is torch ``momentum=0.2``),
-    or ``eps=0.8`` to keep today's behaviour on purpose (silences the rule).
+    Fix (manual): spell it with a keyword. For values from 0.5 to 1 (Keras's convention, the
+    usual origin: Keras ``momentum=0.8`` is torch ``momentum=0.2``) the message leads with
+    the torch equivalent ``1 - value``; ``momentum=`` with the value itself if torch's
+    momentum was meant, or ``eps=0.8`` to keep today's behaviour on purpose (silences the
+    rule).
 
     safetorch: none (a constructor argument; nothing to wrap).
     """
@@ -1684,12 +3023,24 @@ class PositionalEpsInNorm(Rule):
             if "mom" not in word:
                 return
         shown = self.ctx.segment(value)
-        self.report(
-            value,
-            f"{_short(qual or '')} gets eps={shown}: its positional parameter "
-            f"{index + 1} is eps, not momentum; write momentum={shown} if momentum was meant "
-            f"(torch's momentum is 1 - Keras's), or eps={shown} to keep it",
+        head = (
+            f"{_short(qual or '')} gets eps={shown}: its positional parameter {index + 1} is "
+            "eps, not momentum; "
         )
+        if isinstance(number, (int, float)) and 0.5 <= number < 1:
+            # 0.8, 0.9, 0.99: Keras's convention (the weight of the old statistics), the
+            # usual source of this call; torch's momentum is the weight of the new batch.
+            keras = f"{1 - number:.6g}"
+            advice = (
+                f"if it is Keras's momentum (code ported from Keras), torch's is 1 - it: "
+                f"momentum={keras}; if torch's momentum was meant, momentum={shown}"
+            )
+        else:
+            advice = (
+                f"write momentum={shown} if momentum was meant (a Keras momentum m is "
+                "torch's 1 - m)"
+            )
+        self.report(value, f"{head}{advice}; eps={shown} keeps today's behaviour")
 
 
 # F.<name> -> its ``training`` default
@@ -1703,6 +3054,32 @@ _FUNCTIONAL_DROPOUTS: Dict[str, bool] = {
 }
 
 
+def _training_branch(node: Union[ast.If, ast.IfExp], owner: str) -> List[ast.AST]:
+    """The statements (or expression) of ``node`` that run when ``owner.training`` is true."""
+
+    def is_training(test: ast.AST) -> Optional[bool]:
+        if (
+            isinstance(test, ast.Attribute)
+            and test.attr == "training"
+            and isinstance(test.value, ast.Name)
+            and test.value.id == owner
+        ):
+            return True
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            inner = is_training(test.operand)
+            return None if inner is None else not inner
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+            if any(is_training(v) is True for v in test.values):
+                return True
+        return None
+
+    positive = is_training(node.test)
+    if positive is None:
+        return []
+    branch = node.body if positive else node.orelse
+    return list(branch) if isinstance(branch, list) else [branch]
+
+
 class FunctionalDropoutWithoutTraining(Rule):
     """ST016: ``F.dropout(x, p)`` inside ``forward`` without ``training=``.
 
@@ -1710,7 +3087,9 @@ class FunctionalDropoutWithoutTraining(Rule):
     ``F.dropout``, ``dropout1d/2d/3d`` default to ``training=True`` and keep dropping in
     ``model.eval()`` (noisy, wrong validation and inference), while ``F.alpha_dropout`` and
     ``F.feature_alpha_dropout`` default to ``training=False`` and never drop at all.
-    Reported in a method named ``forward`` when ``training`` is not passed.
+    Reported in a method named ``forward`` when ``training`` is not passed, except for the
+    ``training=True`` functions inside ``if self.training:`` (or ``... if self.training else
+    ...``), which run only in training mode.
 
     Fix (unsafe, ``--unsafe-fixes``): add ``training=self.training``, which changes what
     the model computes in eval mode (on purpose). Or use an ``nn.Dropout`` module, which
@@ -1743,6 +3122,8 @@ class FunctionalDropoutWithoutTraining(Rule):
         if _has_double_star(node) or _has_star(node):
             return
         owner = params[0].arg
+        if _FUNCTIONAL_DROPOUTS[qual] and self._in_training_branch(scope, owner, node):
+            return  # runs only in training, where training=True is right
         spelled = f"training={owner}.training"
         edit = _add_keywords(self.ctx, node, spelled)
         fix = None if edit is None else Fix(f"add {spelled}", (edit,), UNSAFE)
@@ -1756,6 +3137,22 @@ class FunctionalDropoutWithoutTraining(Rule):
             "or use an nn.Dropout module",
             fix,
         )
+
+    def _in_training_branch(self, forward: ast.FunctionDef, owner: str, call: ast.Call) -> bool:
+        """Whether ``call`` sits in the branch of ``if self.training:`` (or of
+        ``... if self.training else ...``) that runs in training mode."""
+        key = f"training_branches:{id(forward)}"
+        spans = self.ctx.cache.get(key)
+        if spans is None:
+            spans = []
+            for node in walk_nodes(forward):
+                if isinstance(node, (ast.If, ast.IfExp)):
+                    branch = _training_branch(node, owner)
+                    if branch:
+                        spans.append((_pos(branch[0]), _end_pos(branch[-1])))
+            self.ctx.cache[key] = spans
+        where = _pos(call)
+        return any(lo <= where <= hi for lo, hi in spans)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2041,14 +3438,203 @@ class LegacyAutogradFunction(Rule):
 
 
 _SCALAR_NAMES = ("loss", "acc", "correct", "total", "err", "cost")
+# Tensor methods and torch functions that reduce every element to one (0-dim) when called
+# without a dim; ``norm`` takes ``p`` first, the others a dim.
+_REDUCTIONS = frozenset(
+    {"sum", "mean", "prod", "std", "var", "max", "min", "amax", "amin", "median", "norm"}
+    | {"all", "any", "dot", "trace", "nansum", "nanmean", "logsumexp", "count_nonzero"}
+    | {"argmax", "argmin"}
+)
+# Element-wise operations: the result has the shape of the (first) input.
+_ELEMENTWISE = frozenset(
+    {"abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "neg", "clamp", "pow", "square"}
+    | {"detach", "float", "double", "half", "cpu", "cuda", "clone", "mul", "add", "sub", "div"}
+    | {"reciprocal", "log1p", "expm1", "relu", "contiguous", "to", "type"}
+)
+_FUNCTIONAL_LOSSES = frozenset(
+    {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"}
+    | {"binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "margin_ranking_loss"}
+    | {
+        "hinge_embedding_loss",
+        "soft_margin_loss",
+        "multilabel_margin_loss",
+        "cosine_embedding_loss",
+    }
+    | {"poisson_nll_loss", "gaussian_nll_loss", "triplet_margin_loss", "ctc_loss"}
+)
+
+
+def _reduces_to_scalar(call: ast.Call) -> Optional[bool]:
+    """Whether a loss call or constructor keeps the default reduction (a 0-dim result)."""
+    reduction = _keyword(call, "reduction")
+    if reduction is not None:
+        value = reduction.value
+        if isinstance(value, ast.Constant):
+            return value.value != "none"
+        return None
+    reduce = _keyword(call, "reduce")
+    if reduce is not None:
+        return None if not isinstance(reduce.value, ast.Constant) else bool(reduce.value.value)
+    return True
+
+
+class _ZeroDim:
+    """Decides whether an expression is a 0-dim tensor from what produced it (ST020)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._assigns: Dict[int, Dict[str, List[Tuple[Pos, ast.AST, bool]]]] = {}
+        self._self_attrs: Optional[Dict[str, ast.AST]] = None
+
+    def _bindings(self, scope: ast.AST) -> Dict[str, List[Tuple[Pos, ast.AST, bool]]]:
+        """name -> [(position, value, augmented)] for the plain names ``scope`` binds."""
+        found = self._assigns.get(id(scope))
+        if found is None:
+            found = {}
+            body = getattr(scope, "body", [])
+            for stmt in _statements_in_order(body if isinstance(body, list) else []):
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                    target = stmt.targets[0]
+                    if isinstance(target, ast.Name):
+                        found.setdefault(target.id, []).append((_pos(stmt), stmt.value, False))
+                elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                    found.setdefault(stmt.target.id, []).append((_pos(stmt), stmt.value, True))
+            self._assigns[id(scope)] = found
+        return found
+
+    def _self_attr_value(self, attr: str) -> Optional[ast.AST]:
+        if self._self_attrs is None:
+            self._self_attrs = {}
+            for node in walk_nodes(self.ctx.tree):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    name = _self_attr(node.targets[0])
+                    if name is not None:
+                        self._self_attrs[name] = node.value
+        return self._self_attrs.get(attr)
+
+    def _value_of(self, name: str, at: Pos, scope: ast.AST) -> Optional[bool]:
+        for where in (scope, self.ctx.tree) if scope is not self.ctx.tree else (scope,):
+            bindings = [b for b in self._bindings(where).get(name, []) if b[0] < at]
+            if not bindings:
+                if name in self._bindings(where):
+                    return None  # bound only later (a loop): cannot tell
+                continue
+            plain = [b for b in bindings if not b[2]]
+            if not plain:
+                return None
+            pos, value, _ = plain[-1]
+            result = self.decide(value, pos, where, 0)
+            if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)):
+                # total = 0; total += loss  -> a 0-dim tensor from the first addition
+                added = [self.decide(v, p, where, 0) for p, v, aug in bindings if aug and p > pos]
+                return True if any(a is True for a in added) else None
+            return result
+        return None
+
+    def _is_loss_module(self, func: ast.AST, at: Pos, scope: ast.AST) -> Optional[bool]:
+        """``criterion(...)`` where ``criterion = nn.CrossEntropyLoss()``."""
+        value: Optional[ast.AST] = None
+        attr = _self_attr(func)
+        if attr is not None:
+            value = self._self_attr_value(attr)
+        elif isinstance(func, ast.Name):
+            for where in (scope, self.ctx.tree):
+                bindings = [b for b in self._bindings(where).get(func.id, []) if not b[2]]
+                if bindings:
+                    value = bindings[-1][1]
+                    break
+        if isinstance(value, ast.Call):
+            qual = self.ctx.qualname(value.func) or ""
+            if qual.startswith(_NN) and qual.endswith("Loss"):
+                return _reduces_to_scalar(value)
+        return None
+
+    def decide(self, expr: ast.AST, at: Pos, scope: ast.AST, depth: int) -> Optional[bool]:
+        """True: 0-dim; False: evidently not; None: the producer is not visible."""
+        if depth > 8:
+            return None
+        depth += 1
+        if isinstance(expr, ast.Attribute) and expr.attr == "data":
+            return self.decide(expr.value, at, scope, depth)
+        if isinstance(expr, ast.Name):
+            return self._value_of(expr.id, at, scope)
+        if isinstance(expr, ast.UnaryOp):
+            return self.decide(expr.operand, at, scope, depth)
+        if isinstance(expr, ast.BinOp):
+            sides = [self.decide(s, at, scope, depth) for s in (expr.left, expr.right)]
+            numbers = [
+                isinstance(s, ast.Constant) and isinstance(s.value, (int, float))
+                for s in (expr.left, expr.right)
+            ]
+            if False in sides:
+                return False
+            if all(s is True or n for s, n in zip(sides, numbers)) and True in sides:
+                return True
+            return None
+        if isinstance(expr, ast.Subscript):
+            index = expr.slice
+            if isinstance(index, ast.Tuple) and len(index.elts) >= 2:
+                kinds = [
+                    True
+                    if isinstance(e, ast.Constant) and isinstance(e.value, int)
+                    else self.decide(e, at, scope, depth)
+                    for e in index.elts
+                ]
+                tensors = [e for e in index.elts if not isinstance(e, ast.Constant)]
+                if all(k is True for k in kinds) and tensors:
+                    return True  # every index a 0-dim tensor or an int: one element
+            return None
+        if isinstance(expr, ast.Call):
+            return self._call(expr, at, scope, depth)
+        return None
+
+    def _call(self, call: ast.Call, at: Pos, scope: ast.AST, depth: int) -> Optional[bool]:
+        func = call.func
+        qual = self.ctx.qualname(func) or ""
+        if qual.startswith(_F):
+            if qual[len(_F) :] in _FUNCTIONAL_LOSSES:
+                return _reduces_to_scalar(call)
+            return None
+        if qual.startswith("torch.") and qual.count(".") == 1:
+            name = qual[len("torch.") :]
+            if name in _REDUCTIONS:
+                if _keyword(call, "dim") is not None or len(call.args) != 1:
+                    return False if name != "norm" or len(call.args) > 2 else None
+                return True
+            if name in _ELEMENTWISE and call.args:
+                return self.decide(call.args[0], at, scope, depth)
+            return None
+        if qual.startswith(_NN) and qual.endswith("Loss"):
+            return None  # the constructor itself
+        if isinstance(func, ast.Call):  # nn.MSELoss()(a, b)
+            inner = self.ctx.qualname(func.func) or ""
+            if inner.startswith(_NN) and inner.endswith("Loss"):
+                return _reduces_to_scalar(func)
+            return None
+        if isinstance(func, ast.Attribute) and not qual:
+            attr = func.attr
+            if attr in _REDUCTIONS and _self_attr(func) is None:
+                positional = len(call.args) - (1 if attr == "norm" else 0)
+                if _keyword(call, "dim") is not None or positional > 0:
+                    return False
+                return True
+            if attr in _ELEMENTWISE and _self_attr(func) is None:
+                return self.decide(func.value, at, scope, depth)
+        return self._is_loss_module(func, at, scope)
 
 
 class ZeroDimIndex(Rule):
     """ST020: ``loss.data[0]``: indexing a 0-dim tensor (IndexError since torch 0.5).
 
     Up to torch 0.3 a loss was a 1-element tensor and ``loss.data[0]`` its value; since 0.4
-    it is 0-dim and ``[0]`` raises. Reported for ``X.data[0]`` where ``X`` is named like a
-    scalar (loss, acc, correct, total, err, cost).
+    it is 0-dim and ``[0]`` raises. The rule decides "0-dim" from what produced the value:
+    a reduction without a dim (``x.sum()``, ``torch.mean(x)``, ``x.norm()``), a loss
+    (``F.mse_loss(...)``, ``criterion(...)`` with ``criterion = nn.CrossEntropyLoss()``,
+    unless ``reduction="none"``), arithmetic and element-wise functions of such values
+    (``(a + b).data[0]``, ``torch.abs(d)``), and indexing with one 0-dim tensor or int per
+    dimension (``t[i0, i1]``), following names to their assignment in the same function.
+    Where the producer is not visible (a parameter, an attribute) the name decides: loss,
+    acc, correct, total, err, cost.
 
     Fix (unsafe, ``--unsafe-fixes``): ``.item()``, which returns a Python number where 0.4
     returned a 0-dim tensor (the value is the same; arithmetic on it no longer builds tensors).
@@ -2069,6 +3655,10 @@ class ZeroDimIndex(Rule):
     fix_applicability = UNSAFE
     node_types = (ast.Subscript,)
 
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._zero_dim: Optional[_ZeroDim] = None
+
     def visit(self, node: ast.Subscript) -> None:
         data = node.value
         if not (isinstance(data, ast.Attribute) and data.attr == "data"):
@@ -2077,12 +3667,20 @@ class ZeroDimIndex(Rule):
             return
         if isinstance(node.ctx, (ast.Store, ast.Del)):
             return
-        root = (_var_key(data.value) or "").lower()
-        if isinstance(data.value, ast.Call):
-            root = (_var_key(data.value.func) or "").lower()
-        if not any(word in root for word in _SCALAR_NAMES + ("criterion",)):
+        if self._zero_dim is None:
+            self._zero_dim = _ZeroDim(self.ctx)
+        decided = self._zero_dim.decide(data.value, _pos(node), self.ctx.scope, 0)
+        if decided is False:
             return
+        if decided is None:
+            root = (_var_key(data.value) or "").lower()
+            if isinstance(data.value, ast.Call):
+                root = (_var_key(data.value.func) or "").lower()
+            if not any(word in root for word in _SCALAR_NAMES + ("criterion",)):
+                return
         text = f"{self.ctx.segment(data.value)}.item()"
+        if not isinstance(data.value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+            text = f"({self.ctx.segment(data.value)}).item()"  # (a + b).data[0]
         fix = Fix(f"use {text}", (self.ctx.replace(node, text),), UNSAFE)
         self.report(
             node,
@@ -2256,6 +3854,7 @@ class RuleInfo:
             phrase saying what it depends on.
         pitfall_id: The id of the rule's row in the pitfall table (``safetorch._pitfalls``);
             ``""`` for ST000 (a file that does not parse is not a pitfall).
+        preview: An opt-in rule: it runs only when selected by its exact code or ``PREVIEW``.
 
     >>> RULE_TABLE["ST003"].safetorch
     'st.load'
@@ -2271,6 +3870,7 @@ class RuleInfo:
     fixable: bool
     fix_applicability: str = SAFE
     pitfall_id: str = ""
+    preview: bool = False
 
     def safetorch_for(self, symbol: str) -> Optional[str]:
         """The safetorch function that replaces torch entry point ``symbol`` of this rule."""
@@ -2296,9 +3896,69 @@ RULE_TABLE: Dict[str, RuleInfo] = {
         r.fixable,
         r.fix_applicability,
         r.pitfall_id,
+        r.preview,
     )
     for r in _ALL_RULES
 }
+
+#: Codes of the opt-in rules (see ``select_rules``).
+PREVIEW_RULES: Tuple[str, ...] = tuple(r.code for r in RULES if r.preview)
+
+
+#: Where the documentation pages live: ``--explain`` prints absolute links into them.
+DOCS_URL = "https://github.com/safetorch/safetorch/blob/main/"
+_ROLE = re.compile(r":[a-z]+:`([^`]+)`")  # :class:`X` -> X
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)  # ``x`` -> `x`
+
+
+def plain_text(doc: str) -> str:
+    """A rule docstring as plain text: reST literals and roles become plain backquotes.
+
+    >>> plain_text("Use ``st.load`` (see :func:`st.load`).")
+    'Use `st.load` (see `st.load`).'
+    """
+    return _LITERAL.sub(r"`\1`", _ROLE.sub(r"``\1``", doc))
+
+
+def docs_link(relative: str) -> str:
+    """``docs/nn.md#anchor`` -> the page's absolute address.
+
+    >>> docs_link("docs/check.md#st003")
+    'https://github.com/safetorch/safetorch/blob/main/docs/check.md#st003'
+    """
+    if "://" in relative:
+        return relative
+    return DOCS_URL + relative.lstrip("/")
+
+
+def explain_text(code: str) -> str:
+    """What ``safetorch check --explain CODE`` prints: the rule's code, name, pitfall row
+    (with an absolute documentation link), whether it is a preview rule, and its docstring
+    as plain text.
+
+    Raises:
+        KeyError: No rule has that code.
+
+    >>> print(explain_text("ST008").splitlines()[1])  # doctest: +ELLIPSIS
+    pitfall: bias-before-bn (...), https://github.com/safetorch/safetorch/blob/main/docs/nn.md#...
+    """
+    import inspect
+
+    from safetorch import _pitfalls
+
+    rule = rule_for(code)
+    doc = plain_text(inspect.cleandoc(rule.__doc__ or ""))
+    head = f"{rule.code} ({rule.name}): {rule.pitfall}\n"
+    if rule.pitfall_id:
+        row = _pitfalls.by_id(rule.pitfall_id)
+        faces = [f"safetorch: {', '.join(row.functions)}"] if row.functions else []
+        faces += [f"patch: st.patch({row.patch!r})"] if row.patch else []
+        faces += [f"runtime check: {', '.join(row.findings)}"] if row.findings else []
+        head += f"pitfall: {row.id} ({row.title}), {docs_link(row.docs)}\n"
+        head += "".join(f"  {face}\n" for face in faces)
+    if rule.preview:
+        head += f"preview: opt-in, runs only with --select {rule.code} (or PREVIEW)\n"
+    return f"{head}\n{doc}\n"
 
 
 def rule_for(code: str) -> Type[Rule]:
@@ -2335,7 +3995,9 @@ def select_rules(
     """The rules ``--select``/``--ignore`` leave on, and whether ST000 is reported.
 
     Codes match by prefix (``ST00`` selects ST000-ST009), ``ALL`` matches every rule; a
-    comma-separated string or a list of codes is accepted.
+    comma-separated string or a list of codes is accepted. Preview rules (``PREVIEW_RULES``,
+    below the default set's precision) run only when their exact code or ``PREVIEW`` is
+    selected (``--select ALL,PREVIEW`` runs everything).
 
     Args:
         select: Codes to run (default: all).
@@ -2354,7 +4016,7 @@ def select_rules(
     chosen = _as_codes(select) or ["ALL"]
     dropped = _as_codes(ignore) or []
     for code in (*chosen, *dropped):
-        if code != "ALL" and not any(c.startswith(code) for c in RULE_TABLE):
+        if code not in ("ALL", PREVIEW) and not any(c.startswith(code) for c in RULE_TABLE):
             raise ValueError(
                 f"unknown rule code {code!r}: expected ALL, a code or a prefix of "
                 f"{', '.join(RULE_TABLE)}"
@@ -2363,4 +4025,11 @@ def select_rules(
     def on(code: str) -> bool:
         return _matches(code, chosen) and not (dropped and _matches(code, dropped))
 
-    return tuple(r for r in RULES if on(r.code)), on(SYNTAX_ERROR_CODE)
+    def preview_on(code: str) -> bool:
+        # Preview rules (precision below the default set's) run only when named exactly
+        # or with PREVIEW, as ruff's preview rules need an explicit opt-in.
+        named = code in chosen or PREVIEW in chosen
+        return named and not (dropped and _matches(code, dropped))
+
+    chosen_rules = tuple(r for r in RULES if (preview_on if r.preview else on)(r.code))
+    return chosen_rules, on(SYNTAX_ERROR_CODE)

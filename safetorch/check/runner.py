@@ -116,7 +116,7 @@ def check_source(
 
     >>> src = "import torch\\nsd = torch.load('ckpt.pt', map_location='cpu')\\n"
     >>> [str(d) for d in check_source(src, "train.py")]
-    ['train.py:2:6: ST003 torch.load without weights_only can execute code from the file: pass weights_only=True or use st.load']
+    ['train.py:2:6: ST003 torch.load without weights_only can execute code from the file (the default before torch 2.6): pass weights_only=True or use st.load']
     """
     rules, syntax = _select(select, ignore, settings, path)
     return analyze(source, path, rules, keep_syntax_errors=syntax, options=_options(settings))

@@ -231,23 +231,24 @@ def test_pyproject_select_ignore_per_file_exclude(
     assert [c for _, c in _found(out, root)] == ["ST001", "ST003", "ST004"]
 
 
-def test_min_torch_version_makes_the_load_fix_safe(
+def test_min_torch_version_2_6_makes_the_default_load_safe(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    # From torch 2.6 torch.load is weights-only by default: nothing to report or fix.
     src = "import torch\nsd = torch.load('a.pt', map_location='cpu')\n"
     old = Settings(min_torch=(2, 1))
     new = Settings(min_torch=(2, 6))
-    assert fix_source(src, settings=old) == src
-    assert "weights_only=True" in fix_source(src, settings=new)
-    (tmp_path / "pyproject.toml").write_text('[project]\ndependencies = ["torch >= 2.6"]\n')
+    assert [d.code for d in check_source(src, settings=old)] == ["ST003"]
+    assert fix_source(src, settings=old) == src  # unsafe before 2.6
+    assert check_source(src, settings=new) == []
     (tmp_path / "pyproject.toml").write_text(
         '[project]\ndependencies = ["torchvision>=0.1", "torch >= 2.6"]\n[tool.safetorch]\n'
     )
     assert load_settings(str(tmp_path / "pyproject.toml")).min_torch == (2, 6)
     path = tmp_path / "m.py"
     path.write_text(src)
-    code, _, err = run(capsys, "--fix", str(path))
-    assert code == 0 and "fixed 1" in err and "weights_only=True" in path.read_text()
+    code, out, _ = run(capsys, str(path))
+    assert code == 0 and "ST003" not in out
 
 
 def test_syncbn_message_follows_the_minimum_torch() -> None:
