@@ -44,7 +44,8 @@ __all__ = [
 
 
 def explain(code: str) -> str:
-    """The explanation of a rule: its code, name, safetorch function and docstring.
+    """The explanation of a rule: its code, name, pitfall row (with an absolute documentation
+    link), safetorch function, whether it is a preview rule, and its docstring as plain text.
 
     Args:
         code: A rule code such as ``"ST005"`` (case-insensitive).
@@ -55,23 +56,11 @@ def explain(code: str) -> str:
     Raises:
         KeyError: No rule has that code.
 
-    >>> print(explain("ST003").splitlines()[0])
-    ST003 (load-without-weights-only): torch.load unpickles arbitrary objects unless weights_only=True
-    >>> print(explain("ST008").splitlines()[1])
-    pitfall: bias-before-bn (A bias right before BatchNorm), docs/nn.md#model-lint-bias-before-bn-dropout-before-bn-meaningless-bn-statistics
+    >>> print(explain("ST003").splitlines()[0])  # doctest: +ELLIPSIS
+    ST003 (load-without-weights-only): ...
+    >>> print(explain("ST008").splitlines()[1])  # doctest: +ELLIPSIS
+    pitfall: bias-before-bn (...), https://github.com/safetorch/safetorch/blob/main/docs/nn.md#...
     """
-    import inspect
+    from safetorch.check import rules
 
-    from safetorch import _pitfalls
-
-    rule = rule_for(code)
-    doc = inspect.cleandoc(rule.__doc__ or "")
-    head = f"{rule.code} ({rule.name}): {rule.pitfall}\n"
-    if rule.pitfall_id:
-        row = _pitfalls.by_id(rule.pitfall_id)
-        faces = [f"safetorch: {', '.join(row.functions)}"] if row.functions else []
-        faces += [f"patch: st.patch({row.patch!r})"] if row.patch else []
-        faces += [f"runtime check: {', '.join(row.findings)}"] if row.findings else []
-        head += f"pitfall: {row.id} ({row.title}), {row.docs}\n"
-        head += "".join(f"  {face}\n" for face in faces)
-    return f"{head}\n{doc}\n"
+    return rules.explain_text(code)

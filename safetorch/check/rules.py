@@ -3685,7 +3685,7 @@ class ZeroDimIndex(Rule):
         self.report(
             node,
             "x.data[0] of a 0-dim tensor raises since torch 0.5: use x.item() "
-            "(st.legacy.zero_dim_index keeps 0.4's tensor)",
+            "(under safetorch run, st.legacy.zero_dim_index gives the number, as 0.3 did)",
             fix,
         )
 

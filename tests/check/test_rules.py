@@ -274,8 +274,12 @@ def test_messages_name_the_safetorch_function() -> None:
 def test_explain_prints_the_docstring(code: str) -> None:
     text = explain(code.lower())
     assert text.startswith(f"{code} (")
+    from safetorch.check.rules import plain_text
+
     first_doc_line = (rule_for(code).__doc__ or "").splitlines()[0]
-    assert first_doc_line in text
+    assert plain_text(first_doc_line) in text  # as plain text: no reST markup
+    assert "``" not in text and ":func:" not in text
+    assert "https://" in text or not rule_for(code).pitfall_id  # absolute docs links
 
 
 def test_select_and_ignore_by_prefix() -> None:
