@@ -889,15 +889,15 @@ class DCPDirectory(Layout):
         for t, s in pairs:
             if type(targets[t]).__name__ == "DTensor":
                 continue
-            md, dest = entries.get(s), (direct or {}).get(t)
+            md, into = entries.get(s), (direct or {}).get(t)
             if (
-                dest is not None
+                into is not None
                 and isinstance(md, TensorStorageMetadata)
-                and tuple(md.size) == tuple(dest.shape)
-                and md.properties.dtype == dest.dtype
+                and tuple(md.size) == tuple(into.shape)
+                and md.properties.dtype == into.dtype
                 and s not in inplace
             ):
-                inplace[s] = dest.detach()  # the reader copies each record straight into it
+                inplace[s] = into.detach()  # the reader copies each record straight into it
             else:
                 plain.append((t, s))
         if inplace:
