@@ -218,7 +218,10 @@ def verdict(report: Dict[str, Any]) -> str:
 
 def _print_text(report: Dict[str, Any]) -> None:
     w = sys.stdout.write
-    w(f"safetorch doctor: {report['verdict']}\n")
+    from safetorch._cli import paint
+
+    style = "yellow" if report["problems"] else "green"
+    w(f"safetorch doctor: {paint(report['verdict'], style, sys.stdout)}\n")
     for problem in report["problems"][1:]:
         w(f"  also: {problem}\n")
     w("\npatch mode\n")
@@ -264,8 +267,13 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``safetorch doctor``."""
+    text = "versions, devices, torch feature flags and dispatch decisions"
     p = subparsers.add_parser(
-        "doctor", help="versions, devices, torch feature flags and dispatch decisions"
+        "doctor",
+        help=text,
+        description=text,
+        epilog="exit status: 0 no problem found, 1 a problem found (the first line names it), "
+        "2 torch is not installed; 130 interrupted.",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, _parser=p)

@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence
 __all__ = ["add_parsers", "run_check", "format_github", "format_sarif"]
 
 _EPILOG = """\
-exit status: 0 no findings remain, 1 findings remain, 2 usage error or unreadable input.
+exit status: 0 no findings remain, 1 findings remain, 2 usage error or unreadable input,
+130 interrupted.
 --fix applies safe fixes only (they keep behaviour and checkpoint compatibility);
 --unsafe-fixes also applies those that change behaviour. Configure in pyproject.toml
 [tool.safetorch]: select, ignore, per-file-ignores, extend-exclude, min-torch-version.
@@ -97,7 +98,7 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument(
         "-j", "--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)"
     )
-    p.set_defaults(func=run_check, check_parser=p)
+    p.set_defaults(func=run_check, check_parser=p, _parser=p)
 
 
 def _usage_error(message: str) -> int:
@@ -213,7 +214,7 @@ def run_check(args: argparse.Namespace) -> int:
         remaining = bool(diagnostics)
         _emit(args.output_format, diagnostics, args.statistics)
     if args.output_format == "text" or args.diff:
-        _summary(diagnostics, fixed, args.fix or args.diff, args.unsafe_fixes)
+        _summary(diagnostics, fixed, args.fix or args.diff, args.unsafe_fixes, diff=args.diff)
     for message in unreadable:
         print(f"safetorch check: error: {message}", file=sys.stderr)
     if unreadable:
@@ -393,13 +394,17 @@ def format_sarif(diagnostics: Sequence[Any]) -> Dict[str, Any]:
     }
 
 
-def _summary(diagnostics: Sequence[Any], fixed: int, fixing: bool, unsafe: bool) -> Optional[str]:
-    """One line on stderr: what was fixed, what is left, what more each flag would fix."""
+def _summary(
+    diagnostics: Sequence[Any], fixed: int, fixing: bool, unsafe: bool, diff: bool = False
+) -> Optional[str]:
+    """One line on stderr: what was fixed (``diff``: what --fix would fix), what is left,
+    what more each flag would fix."""
     safe = sum(1 for d in diagnostics if d.fix is not None and d.fix.safe)
     more = sum(1 for d in diagnostics if d.fix is not None and not d.fix.safe)
     parts = []
     if fixing and fixed:
-        parts.append(f"fixed {fixed} finding(s)")
+        # --diff writes nothing: say what --fix would do, as ruff ("Would fix N errors").
+        parts.append(f"{'would fix' if diff else 'fixed'} {fixed} finding(s)")
     if diagnostics:
         hints = []
         if safe and not fixing:

@@ -1,10 +1,18 @@
 """``safetorch ckpt inspect|convert|diff|verify|fit``: look inside, rewrite, compare, check, try.
 
-Every file is read through :func:`safetorch.load` (weights-only), never plain pickle.
+Every command reads every layout the library writes or loads, the same way (:func:`read_source`):
+a ``torch.save`` or ``.safetensors`` file, a :func:`safetorch.save_state` file (its models are
+found where ``st.load_state_dict`` finds them: in its ``objects``), a ``CheckpointSaver``
+directory (the checkpoint ``resume()`` restores, or ``save()``'s ``last.pt``), a DCP
+directory, a shard index, a transformers/accelerate directory. Every file is read through
+:func:`safetorch.load` (weights-only; ``--allow`` and ``SAFETORCH_ALLOW`` are its ``allow=``),
+never plain pickle.
+
 Expected failures end in one line on stderr naming the value and the fix; exit status 2 for
 bad input (missing or unreadable paths, directories, bad options, corrupt files), 1 for
-findings (unsafe globals, differences, a checkpoint that does not fit) or failed work, 0
-otherwise.
+findings (unsafe globals, differences, a checkpoint that does not fit) or failed work, 130 when
+interrupted, 0 otherwise. The argument definitions live in :mod:`safetorch._cli` (``--help``
+never imports torch); :func:`run_command` runs one.
 """
 
 from __future__ import annotations
@@ -20,13 +28,29 @@ import json
 import os
 import stat
 import sys
+import threading
+import time
 import warnings
-from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+)
 
 import torch
 
 from safetorch import _compat
-from safetorch._atomic import atomic_write
+from safetorch._atomic import atomic_write, atomic_write_dir
+from safetorch._cli import paint, say_error
 from safetorch.checkpoint import _unpickler, formats, layouts, reader
 from safetorch.checkpoint.keys import (
     _leading_prefixes,
@@ -39,11 +63,14 @@ from safetorch.checkpoint.keys import (
     state_dict_keys,
 )
 from safetorch.checkpoint.loading import _torch_internals_quiet, load
-from safetorch.checkpoint.saving import _unwrapped
+from safetorch.checkpoint.saving import _unwrapped, saver_checkpoint
+from safetorch.checkpoint.state import STATE_FORMAT
 from safetorch.errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = [
     "add_parsers",
+    "run_command",
+    "read_source",
     "inspect_checkpoint",
     "convert_checkpoint",
     "list_keys",
@@ -52,7 +79,7 @@ __all__ = [
 ]
 # verify_checkpoint lives in safetorch.checkpoint.verify (``safetorch ckpt verify``).
 
-# Show a progress bar only for files at least this large (and only on a terminal).
+# Show a progress bar only for inputs larger than this (and only on a terminal).
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
 
 
@@ -91,21 +118,80 @@ def _format_of(path: str) -> str:
     return kind if kind in ("safetensors", "zip") else "legacy"
 
 
-def inspect_checkpoint(path: str) -> Dict[str, Any]:
+# --- what a checkpoint holds: one view for every command ----------------------------------------
+def state_parts(obj: Any) -> Optional[Mapping[str, Any]]:
+    """``obj`` when it is a :func:`safetorch.save_state` payload (its ``STATE_FORMAT`` marker and
+    an ``objects`` mapping), else ``None``."""
+    if (
+        isinstance(obj, Mapping)
+        and obj.get("__safetorch__") == STATE_FORMAT
+        and isinstance(obj.get("objects"), Mapping)
+    ):
+        return obj
+    return None
+
+
+def model_view(obj: Any) -> Any:
+    """Where ``st.load_state_dict`` looks for the state dict in ``obj``: a ``save_state``
+    file's ``objects`` (model name -> state dict), anything else as it is. ``--key`` names a
+    key of this view (an object name for a ``save_state`` file), as ``key=`` does."""
+    parts = state_parts(obj)
+    return parts["objects"] if parts is not None else obj
+
+
+def _carried_keys(obj: Any) -> List[str]:
+    """What a checkpoint holds besides tensors of the state dict written: the keys of its
+    container (for a ``save_state`` file: the object names, the value names and ``rng``)."""
+    parts = state_parts(obj)
+    if parts is not None:
+        extras = parts.get("extras")
+        values = [str(k) for k in extras] if isinstance(extras, Mapping) else []
+        return [*map(str, parts["objects"]), *values, "rng"]
+    if isinstance(obj, Mapping) and not is_state_dict(obj):
+        return [str(k) for k in obj]
+    return []
+
+
+def _state_info(parts: Mapping[str, Any]) -> Dict[str, Any]:
+    extras, rng = parts.get("extras"), parts.get("rng")
+    return {
+        "format": STATE_FORMAT,
+        "objects": [str(k) for k in parts["objects"]],
+        "values": sorted(map(str, extras)) if isinstance(extras, Mapping) else [],
+        "rng_ranks": len(rng) if isinstance(rng, Mapping) else 0,
+    }
+
+
+def allow_list(values: Optional[Sequence[str]]) -> List[str]:
+    """``--allow`` values and ``SAFETORCH_ALLOW``, through the one parser ``safetorch run`` uses
+    (:func:`safetorch.patching.allow.parse_allow_list`): the ``allow=`` of every load here."""
+    from safetorch.patching.allow import allowed_globals, parse_allow_list
+
+    return list(dict.fromkeys(parse_allow_list([*allowed_globals(), *(values or [])])))
+
+
+def inspect_checkpoint(
+    path: str, *, allow: Iterable[str] = (), key: Optional[str] = None
+) -> Dict[str, Any]:
     """Describe a checkpoint without executing anything outside the weights-only allow-list.
 
     Args:
         path: the checkpoint file.
+        allow: globals allowed as for ``st.load(allow=)`` (``--allow``).
+        key: the container key (object name in a ``save_state`` file) of the state dict to
+            describe, as ``st.load_state_dict(key=)``.
 
     Returns:
         A JSON-ready dict: format, size, container keys, every state dict the container holds
         (``state_dicts``: key -> entries, EMA copies included), the one ``st.load_state_dict``
         picks (``state_dict_key``), tensor count, total bytes, dtypes, known prefixes
-        (``wrapper_prefixes``: wrapper segments such as ``module.`` and Lightning's ``model.``)
+        (``wrapper_prefixes``: wrapper segments such as ``module.`` and Lightning's ``model.``),
+        ``save_state`` (objects, values, RNG ranks of a ``st.save_state`` file, else ``None``)
         and unsafe globals (when there are any, nothing is loaded and only those are reported).
 
     Raises:
-        CheckpointError: the file is missing, empty, truncated or not a checkpoint.
+        CheckpointError: the file is missing, empty, truncated or not a checkpoint, or ``key``
+            is not a state dict in it.
 
     >>> import os, tempfile, torch
     >>> path = os.path.join(tempfile.mkdtemp(), "m.pt")
@@ -114,6 +200,7 @@ def inspect_checkpoint(path: str) -> Dict[str, Any]:
     >>> info["tensor_count"], info["wrapper_prefixes"], info["unsafe_globals"]
     (2, ['module.'], [])
     """
+    allow = list(allow)
     info: Dict[str, Any] = {"path": path}
     if not os.path.exists(path):
         load(path)  # raises the not-found error
@@ -122,27 +209,34 @@ def inspect_checkpoint(path: str) -> Dict[str, Any]:
     unsafe: List[str] = []
     if info["format"] in ("zip", "legacy"):
         names, _ = _unpickler.scan_globals(path)
-        extra = _unpickler.resolve_allowed(_unpickler.DEFAULT_EXTRA_ALLOWED)
+        extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
         unsafe = _unpickler.unsafe_globals(names, extra)
     info["unsafe_globals"] = unsafe
+    if allow:
+        info["allowed_globals"] = allow
     if unsafe:
         return info
-    obj = load(path)
+    obj = _load_file(path, allow, None)
+    parts = state_parts(obj)
+    info["save_state"] = _state_info(parts) if parts is not None else None
     info["container_keys"] = (
         [str(k) for k in obj] if isinstance(obj, Mapping) and not is_state_dict(obj) else None
     )
-    holders = state_dict_keys(obj)
-    info["state_dicts"] = {k: len(_as_state_dict(obj[k])) for k in holders}
+    view = model_view(obj)
+    holders = state_dict_keys(view)
+    info["state_dicts"] = {k: len(_as_state_dict(view[k])) for k in holders}
+    if key is not None:
+        find_state_dict(view, key)  # CheckpointError naming the keys there
     try:
-        state_dict, key = find_state_dict(obj)
-        info["state_dict_key"] = key
+        state_dict, picked = find_state_dict(view, key)
+        info["state_dict_key"] = picked
         info["state_dict_tensors"] = len(state_dict)
         info["wrapper_prefixes"] = known_prefixes(state_dict)
     except CheckpointError as exc:
         info["state_dict_key"] = None
         info["state_dict_note"] = str(exc)
         info["wrapper_prefixes"] = sorted(
-            {p for k in holders for p in known_prefixes(_as_state_dict(obj[k]))}
+            {p for k in holders for p in known_prefixes(_as_state_dict(view[k]))}
         )
     seen = set()
     count, total = 0, 0
@@ -162,11 +256,14 @@ def inspect_checkpoint(path: str) -> Dict[str, Any]:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+    """Bytes in binary units (KiB, MiB, GiB: one system everywhere in ``safetorch ckpt``)."""
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-    return f"{n:.1f} GB"
+        if n < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"
 
 
 def _as_state_dict(value: Any) -> Mapping[str, Any]:
@@ -180,10 +277,23 @@ _PREFIX_NOTES["_checkpoint_wrapped_module."] = "activation checkpointing"
 
 def _print_info(info: Dict[str, Any], out: IO[str]) -> None:
     out.write(f"path: {info['path']} ({info['format']}, {_human(info['file_bytes'])})\n")
+    if info.get("allowed_globals"):
+        out.write("allowed globals (--allow / SAFETORCH_ALLOW): ")
+        out.write(", ".join(info["allowed_globals"]) + "\n")
     if info["unsafe_globals"]:
-        out.write("unsafe globals: " + ", ".join(info["unsafe_globals"]) + "\n")
-        out.write("not loaded: it would run code outside the weights-only allow-list\n")
+        out.write(paint("unsafe globals: " + ", ".join(info["unsafe_globals"]), "red", out) + "\n")
+        out.write(
+            "not loaded: it would run code outside the weights-only allow-list (if you trust "
+            "the file: --allow " + " --allow ".join(info["unsafe_globals"]) + ")\n"
+        )
         return
+    state = info.get("save_state")
+    if state:
+        out.write(
+            f"st.save_state checkpoint: objects {', '.join(state['objects']) or '-'}; values "
+            f"{', '.join(state['values']) or '-'}; RNG of {state['rng_ranks']} rank(s) "
+            "(st.load_state / CheckpointSaver.resume restore it)\n"
+        )
     if info.get("container_keys") is not None:
         out.write("container keys: " + ", ".join(info["container_keys"]) + "\n")
     if info.get("state_dict_key") is not None or "state_dict_tensors" in info:
@@ -211,26 +321,108 @@ def _print_info(info: Dict[str, Any], out: IO[str]) -> None:
     out.write("unsafe globals: none\n")
 
 
+# --- progress ----------------------------------------------------------------------------------
 class _Progress:
-    """A one-line progress bar on a TTY stream (nothing otherwise)."""
+    """A one-line progress bar on a terminal: nothing when the stream is not a TTY (or the work
+    is small), at most ``1 / INTERVAL`` redraws a second, binary units.
 
-    def __init__(self, total: int, stream: IO[str], enabled: bool) -> None:
-        self.total, self.stream, self.enabled, self.done = max(total, 1), stream, enabled, 0
+    ``advance``/``update`` may be called as often as bytes move (every write, every read) and
+    from a watcher thread (:func:`_watching`): drawing is throttled and locked. ``close(True)``
+    draws the final state and ends the line; ``close(False)`` (a failure, Ctrl-C) erases it, so
+    that the one-line error is all that is left on the terminal.
+    """
 
-    def advance(self, n: int, label: str = "") -> None:
-        self.done = min(self.done + n, self.total)
-        if self.enabled:
-            frac = self.done / self.total
-            bar = "#" * int(frac * 30)
-            self.stream.write(
-                f"\r{label:<8} [{bar:<30}] {frac:6.1%} {_human(self.done)}/{_human(self.total)}"
-            )
+    INTERVAL = 0.125  # at most 8 redraws a second
+
+    def __init__(self, total: int, stream: IO[str], enabled: bool, label: str = "") -> None:
+        self.total, self.stream, self.enabled = max(total, 1), stream, enabled
+        self.label, self.done, self.draws = label, 0, 0
+        self._last = -1.0
+        self._lock = threading.Lock()
+
+    def start(self, total: int, label: str) -> None:
+        """Begin a new phase on the same line (``reading``, ``writing``, ``comparing``)."""
+        with self._lock:
+            self.total, self.label, self.done, self._last = max(total, 1), label, 0, -1.0
+
+    def advance(self, n: int, label: Optional[str] = None) -> None:
+        self.update(self.done + n, label)
+
+    def update(self, done: int, label: Optional[str] = None, force: bool = False) -> None:
+        with self._lock:
+            self.done = min(max(done, 0), self.total)
+            if label is not None:
+                self.label = label
+            if not self.enabled:
+                return
+            now = time.monotonic()
+            if not force and now - self._last < self.INTERVAL:
+                return
+            self._last = now
+            self._draw()
+
+    def _draw(self) -> None:
+        frac = self.done / self.total
+        bar = "#" * int(frac * 30)
+        self.stream.write(
+            f"\r{self.label:<9} [{bar:<30}] {frac:6.1%} {_human(self.done)}/{_human(self.total)}"
+        )
+        self.stream.flush()
+        self.draws += 1
+
+    def finish(self) -> None:
+        """The phase is complete: draw it at 100%."""
+        self.update(self.total, force=True)
+
+    def close(self, ok: bool = True) -> None:
+        if not self.enabled or self.draws == 0:
+            return
+        with self._lock:
+            self.stream.write("\n" if ok else "\r\x1b[K")
             self.stream.flush()
 
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+
+def _make_progress(stream: Optional[IO[str]], size: int) -> _Progress:
+    out = sys.stderr if stream is None else stream
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    return _Progress(size, out, tty and size > PROGRESS_MIN_BYTES)
+
+
+@contextlib.contextmanager
+def _watching(progress: _Progress, measure: Callable[[], int]) -> Iterator[None]:
+    """While the body runs (a write torch, safetensors or DCP does in one call), a thread
+    updates ``progress`` from ``measure()`` (the bytes written so far) every ``INTERVAL``."""
+    if not progress.enabled:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(progress.INTERVAL):
+            with contextlib.suppress(OSError):
+                progress.update(measure())
+
+    thread = threading.Thread(target=watch, name="safetorch-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _bytes_under(path: Optional[str]) -> int:
+    """Bytes of the file ``path``, or of the files in the directory ``path`` (0 if absent)."""
+    if path is None:
+        return 0
+    if os.path.isdir(path):
+        total = 0
+        for entry in os.scandir(path):
+            with contextlib.suppress(OSError):
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+        return total
+    return os.path.getsize(path) if os.path.exists(path) else 0
 
 
 class _CountingWriter:
@@ -239,11 +431,121 @@ class _CountingWriter:
 
     def write(self, data: Any) -> int:
         n = self.fh.write(data)
-        self.progress.advance(len(memoryview(data).cast("B")), "writing")
+        self.progress.advance(len(memoryview(data).cast("B")))
         return n
 
     def flush(self) -> None:
         self.fh.flush()
+
+
+class _CountingReader:
+    """A binary file object that reports the bytes read to a progress bar (st.load reads it as
+    it reads any seekable file; ``name`` is the path, so failures name the file)."""
+
+    def __init__(self, fh: IO[bytes], name: str, progress: _Progress) -> None:
+        self.fh, self.name, self.progress = fh, name, progress
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.fh.read(n)
+        self.progress.update(self.fh.tell())
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        line = self.fh.readline(size)
+        self.progress.update(self.fh.tell())
+        return line
+
+    def __getattr__(self, name: str) -> Any:  # anything else a reader asks of a file
+        return getattr(self.fh, name)
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.fh.readinto(buffer)  # type: ignore[attr-defined]  # a real file object has it
+        self.progress.update(self.fh.tell())
+        return int(n or 0)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+
+# --- reading any layout ------------------------------------------------------------------------
+def _load_file(path: str, allow: Sequence[str], progress: Optional[_Progress]) -> Any:
+    """``st.load(path, allow=allow)``; on a terminal, through the checkpoint reader with the
+    bytes read shown (the same load: st.load reads a file object as it reads a path)."""
+    if progress is None or not progress.enabled:
+        return load(path, allow=list(allow))
+    with reader.open_regular(path, "checkpoint") as f:
+        progress.start(f.size, "reading")
+        obj = load(_CountingReader(f.fh, path, progress), allow=list(allow))
+        progress.finish()
+        return obj
+
+
+def _saver_source(path: str) -> Optional[str]:
+    """The checkpoint a ``CheckpointSaver`` directory stands for, or ``None`` for any other path."""
+    if not os.path.isdir(path):
+        return None
+    picked = saver_checkpoint(path)
+    return None if picked is None else picked[0]
+
+
+def read_source(
+    src: str, *, allow: Iterable[str] = (), progress_stream: Optional[IO[str]] = None
+) -> Any:
+    """The whole checkpoint at ``src``, whatever its layout, weights-only.
+
+    A file through :func:`safetorch.load` (``allow=`` as there), a ``CheckpointSaver``
+    directory through the checkpoint it stands for, a DCP directory through DCP with
+    safetorch's reader, a shard index or library directory shard by shard. A progress bar is
+    drawn on ``progress_stream`` (default stderr) only if it is a terminal and ``src`` is large.
+
+    Raises:
+        CheckpointError: ``src`` cannot be read (see :func:`safetorch.load`).
+    """
+    progress = _make_progress(progress_stream, _size_of(src))
+    try:
+        obj = _read_source(src, list(allow), progress)
+    except BaseException:
+        progress.close(False)
+        raise
+    progress.close(True)
+    return obj
+
+
+def _read_source(src: str, allow: List[str], progress: _Progress) -> Any:
+    src = _saver_source(src) or src
+    layout = layouts.resolve(src)
+    if layout is None or isinstance(layout, layouts.FileLayout):
+        return _load_file(src if layout is None else layout.path, allow, progress)
+    if isinstance(layout, layouts.DCPDirectory):
+        entries = list(layout.metadata.state_dict_metadata)
+        progress.start(sum(map(layout._nbytes, entries)), "reading")
+        flat: Dict[str, Any] = {}
+        pairs = [(k, k) for k in entries]
+        for batch in layouts._batches(pairs, layout._nbytes):  # a bar that moves, batch by batch
+            flat.update(layout.read([k for k, _ in batch]))
+            progress.advance(sum(layout._nbytes(k) for k, _ in batch))
+        progress.finish()
+        return layouts.nest_flat_keys(flat, layout.paths())
+    view = layout.meta_view()
+    out: Dict[str, Any] = {}
+    progress.start(sum(_nbytes(v) for v in view.values() if isinstance(v, torch.Tensor)), "reading")
+
+    def keep(batch: Dict[str, Any]) -> None:
+        out.update(batch)
+        progress.advance(sum(_nbytes(v) for v in batch.values() if isinstance(v, torch.Tensor)))
+
+    layout.load_into(torch.nn.Module(), [(k, k) for k in view], keep)
+    progress.finish()
+    return {k: out[k] for k in view}
 
 
 def _for_safetensors(state_dict: Mapping[str, Any]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
@@ -264,6 +566,45 @@ def _for_safetensors(state_dict: Mapping[str, Any]) -> Tuple[Dict[str, torch.Ten
     return out, dropped
 
 
+_SAFETENSORS_CODES = {dtype: code for code, dtype in reader.SAFETENSORS_DTYPES.items()}
+# A tensor is written in pieces of this size, so the progress bar moves within large ones.
+_WRITE_CHUNK = 16 * 1024 * 1024
+
+
+def _write_safetensors(
+    tensors: Mapping[str, torch.Tensor], fh: IO[bytes], progress: _Progress
+) -> None:
+    """Stream ``tensors`` (contiguous, unaliased: :func:`_for_safetensors`) to ``fh`` in the
+    safetensors format: an 8-byte little-endian header length, the JSON header (padded with
+    spaces to 8 bytes, ``__metadata__`` ``{"format": "pt"}`` as ``safetensors.torch`` writes
+    it), then each tensor's bytes in header order. ``reader.read_safetensors_header`` and the
+    safetensors library read it back. Unlike ``safetensors.torch.save_file``, no second copy of
+    every tensor is held in memory, and ``progress`` moves as the bytes are written."""
+    header: Dict[str, Any] = {}
+    offset = 0
+    for key, t in tensors.items():
+        code = _SAFETENSORS_CODES.get(t.dtype)
+        if code is None or t.layout != torch.strided:
+            raise CheckpointError(
+                f"--to safetensors: {key!r} is a {t.dtype} tensor ({t.layout}), which a "
+                "safetensors file cannot hold; write it with --to torch"
+            )
+        n = _nbytes(t)
+        header[key] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    fh.write(len(text).to_bytes(8, "little"))
+    fh.write(text)
+    for t in tensors.values():
+        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
+        for start in range(0, len(data), _WRITE_CHUNK):
+            piece = data[start : start + _WRITE_CHUNK]
+            fh.write(piece)
+            progress.advance(len(piece))
+
+
 def convert_checkpoint(
     src: str,
     dst: str,
@@ -274,13 +615,17 @@ def convert_checkpoint(
     progress_stream: Optional[IO[str]] = None,
     max_shard_size: Optional[str] = None,
     max_bytes: Optional[int] = None,
+    allow: Iterable[str] = (),
 ) -> Dict[str, Any]:
     """Rewrite a checkpoint atomically: strip wrapper prefixes, change format or layout.
 
-    The source is a torch.save file, a ``.safetensors`` file, a DCP directory or a shard
-    index / library directory; the output is one torch file, one ``.safetensors`` file, a
-    directory of safetensors shards with ``model.safetensors.index.json``
-    (``max_shard_size``), or a DCP directory (``to="dcp"``).
+    The source is any layout :func:`read_source` reads (a torch.save or ``.safetensors`` file,
+    a ``st.save_state`` file, a ``CheckpointSaver`` directory, a DCP directory, a shard index or
+    library directory); the output is one torch file, one ``.safetensors`` file, a directory of
+    safetensors shards with ``model.safetensors.index.json`` (``max_shard_size``), or a DCP
+    directory (``to="dcp"``). ``torch`` and ``dcp`` output keep the whole checkpoint (a
+    ``save_state`` file stays one); safetensors holds the tensors of one state dict, and what
+    it leaves behind is listed in ``dropped``.
 
     Args:
         src: input checkpoint (loaded weights-only).
@@ -289,10 +634,11 @@ def convert_checkpoint(
             state dict; ``"none"`` keeps keys; any other value ending in ``.`` is also stripped
             as a leading prefix (e.g. ``"model."``).
         to: ``"torch"``, ``"safetensors"`` or ``"dcp"``; default from ``dst``'s extension.
-        key: container key of the state dict to write (only that state dict is written);
-            needed for safetensors output when the container holds several.
+        key: container key (object name in a ``save_state`` file) of the state dict to write
+            (only that state dict is written); needed for safetensors output when the
+            container holds several.
         progress_stream: where a progress bar goes (default stderr); drawn only if it is a TTY
-            and ``src`` is larger than 256 MB.
+            and ``src`` is larger than 256 MiB, while reading and while writing.
         max_shard_size: with ``to="safetensors"``: write shards of at most this size
             (``"5GB"``, ``"500MB"``) into the directory ``dst``, plus the index.
         max_bytes: safetensors and DCP store every tensor contiguously, so an expanded or
@@ -301,9 +647,13 @@ def convert_checkpoint(
             most this many bytes; by default twice the bytes of the source's tensor storages
             plus 64 MiB (so tied weights convert, and a small file cannot ask for gigabytes).
             ``torch`` output keeps views as they are and needs no limit.
+        allow: globals allowed as for ``st.load(allow=)`` (``--allow``).
 
     Returns:
-        A summary dict (``format``, ``tensors``, ``dropped`` non-tensor keys).
+        A summary dict: ``format``, ``tensors``, ``key`` (the state dict written, for
+        safetensors or ``key=``) and ``dropped``: what the output does not carry over (container
+        keys such as ``optimizer`` or ``epoch``, a ``save_state`` file's ``rng``, and non-tensor
+        state-dict entries as ``<key>.<entry>``).
 
     Raises:
         CheckpointError: ``src`` cannot be loaded, ``key`` is not a state dict in it, or the
@@ -316,10 +666,10 @@ def convert_checkpoint(
     >>> _ = convert_checkpoint(src, dst)
     >>> sorted(st.load(dst))
     ['bias', 'weight']
+    >>> summary = convert_checkpoint(src, os.path.join(d, "m.pt"), key=None)
+    >>> summary["dropped"]
+    []
     """
-    stream = sys.stderr if progress_stream is None else progress_stream
-    size = _size_of(src)
-    show = bool(getattr(stream, "isatty", lambda: False)()) and size > PROGRESS_MIN_BYTES
     fmt = to or ("safetensors" if dst.endswith(".safetensors") else "torch")
     if fmt not in ("torch", "safetensors", "dcp"):
         raise ValueError(f"--to {fmt!r}; expected 'torch', 'safetensors' or 'dcp'")
@@ -327,10 +677,37 @@ def convert_checkpoint(
         raise ValueError("--max-shard-size writes safetensors shards; add --to safetensors")
     if strip != "auto" and strip != "none" and not strip.endswith("."):
         raise ValueError(f"--strip {strip!r}; expected 'auto', 'none' or a prefix ending in '.'")
-    obj = _read_source(src)
-    if key is not None:
-        state_dict, _ = find_state_dict(obj, key)  # CheckpointError naming the keys there
-        obj = state_dict
+    progress = _make_progress(progress_stream, _size_of(src))
+    try:
+        summary = _convert(
+            src, dst, fmt, strip, key, max_shard_size, max_bytes, list(allow), progress
+        )
+    except BaseException:
+        progress.close(False)  # the bar is erased: the one-line error is all that is left
+        raise
+    progress.close(True)
+    return summary
+
+
+def _convert(
+    src: str,
+    dst: str,
+    fmt: str,
+    strip: str,
+    key: Optional[str],
+    max_shard_size: Optional[str],
+    max_bytes: Optional[int],
+    allow: List[str],
+    progress: _Progress,
+) -> Dict[str, Any]:
+    obj = _read_source(src, allow, progress)
+    carried = _carried_keys(obj)
+    written_key: Optional[str] = None
+    if key is not None or fmt == "safetensors":
+        state_dict, written_key = find_state_dict(model_view(obj), key)  # names the keys there
+        if key is not None:
+            obj = state_dict
+    dropped = [k for k in carried if k != written_key] if key is not None else []
     if strip != "none":
         obj = _unwrapped(obj)
     if strip not in ("auto", "none"):
@@ -342,16 +719,26 @@ def convert_checkpoint(
             )
         obj = _strip_leading_prefix(obj, strip)
     tensors = list(_iter_tensors(obj))
-    progress = _Progress(sum(map(_nbytes, tensors)), stream, show)
-    summary: Dict[str, Any] = {"format": fmt, "tensors": len(tensors), "dropped": []}
+    summary: Dict[str, Any] = {"format": fmt, "tensors": len(tensors), "key": written_key}
+    box: List[Optional[str]] = [None]  # the temp path being written, for the progress bar
+
+    def written() -> int:
+        return _bytes_under(box[0])
+
     if fmt == "dcp":
         if not isinstance(obj, Mapping):
             raise CheckpointError(
                 f"--to dcp needs a dict checkpoint; {src!r} holds a {type(obj).__name__}"
             )
         _check_output_bytes(src, list(_named_tensors(obj)), tensors, max_bytes, "dcp")
-        layouts.save_dcp(obj, dst)
-        progress.advance(progress.total, "written")
+        progress.start(sum(map(_nbytes, tensors)), "writing")
+
+        def write_dcp(tmp: str) -> None:
+            box[0] = tmp
+            with _watching(progress, written):
+                layouts.dcp_save(obj, tmp)
+
+        atomic_write_dir(dst, write_dcp)
     elif fmt == "safetensors":
         try:
             import safetensors.torch as st_torch
@@ -360,27 +747,44 @@ def convert_checkpoint(
                 "--to safetensors needs the safetensors package: "
                 "pip install 'safetorch[safetensors]'"
             ) from None
-        state_dict, _ = find_state_dict(obj, key)
-        written = [(str(k), v) for k, v in state_dict.items() if isinstance(v, torch.Tensor)]
-        _check_output_bytes(src, written, tensors, max_bytes, "safetensors")
-        flat, dropped = _for_safetensors(state_dict)
-        summary["dropped"] = dropped
+        # The state dict picked above, after --strip (with --key, obj is that state dict).
+        state_dict = obj if key is not None else find_state_dict(model_view(obj), written_key)[0]
+        written_pairs = [(str(k), v) for k, v in state_dict.items() if isinstance(v, torch.Tensor)]
+        _check_output_bytes(src, written_pairs, tensors, max_bytes, "safetensors")
+        flat, entries = _for_safetensors(state_dict)
+        where = f"{written_key}." if written_key else ""
+        dropped = [k for k in carried if k != written_key] + [where + e for e in entries]
         summary["tensors"] = len(flat)
+        progress.start(sum(map(_nbytes, flat.values())), "writing")
         if max_shard_size is not None:
-            summary.update(
-                layouts.save_sharded_safetensors(flat, dst, layouts.parse_size(max_shard_size))
-            )
+            limit = layouts.parse_size(max_shard_size)
+
+            def write_shards(tmp: str) -> None:
+                box[0] = tmp
+                with _watching(progress, written):
+                    summary.update(layouts.save_sharded_safetensors(flat, tmp, limit))
+
+            atomic_write_dir(dst, write_shards)
         else:
-            atomic_write(dst, lambda tmp: st_torch.save_file(flat, tmp))
-        progress.advance(progress.total, "written")
+
+            def write_file(tmp: str) -> None:
+                if sys.byteorder != "little":  # safetensors is little-endian: let it swap
+                    st_torch.save_file(flat, tmp, metadata={"format": "pt"})
+                    return
+                with open(tmp, "wb") as fh:
+                    _write_safetensors(flat, fh, progress)
+
+            atomic_write(dst, write_file)
     else:
+        progress.start(sum(map(_nbytes, tensors)), "writing")
 
         def write(tmp: str) -> None:
             with open(tmp, "wb") as fh, _torch_internals_quiet():
                 torch.save(obj, _CountingWriter(fh, progress))  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts; its stub names IO[bytes]
 
         atomic_write(dst, write)
-    progress.close()
+    progress.finish()
+    summary["dropped"] = dropped
     return summary
 
 
@@ -430,7 +834,7 @@ def _check_output_bytes(
         f"{rule}; the largest is {where!r} (shape {list(t.shape)}, stride {list(t.stride())}, "
         f"{_human(_nbytes(t))} contiguous from a {_human(_storage_bytes(t))} storage). The file "
         "holds expanded or shared views; pass --max-bytes SIZE (e.g. "
-        f"--max-bytes {max(1, -(-need // 10**9))}GB) to write them anyway, or --to torch, which "
+        f"--max-bytes {max(1, -(-need // 2**30))}GiB) to write them anyway, or --to torch, which "
         "keeps views as they are"
     )
 
@@ -450,26 +854,12 @@ def _named_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[Tuple
 
 
 def _size_of(path: str) -> int:
-    if os.path.isdir(path):
-        return sum(
-            os.path.getsize(os.path.join(path, n))
-            for n in os.listdir(path)
-            if os.path.isfile(os.path.join(path, n))
-        )
-    return os.path.getsize(path) if os.path.exists(path) else 0
-
-
-def _read_source(src: str) -> Any:
-    """The whole checkpoint at ``src``: a file (st.load), a DCP directory, a shard index."""
-    layout = layouts.resolve(src)
-    if layout is None or isinstance(layout, layouts.FileLayout):
-        return load(src if layout is None else layout.path)
-    if isinstance(layout, layouts.DCPDirectory):
-        return layouts.dcp_to_object(layout.path)
-    view = layout.meta_view()
-    out: Dict[str, Any] = {}
-    layout.load_into(torch.nn.Module(), [(k, k) for k in view], lambda batch: out.update(batch))
-    return {k: out[k] for k in view}
+    """The bytes a source takes on disk (decides whether a progress bar is worth drawing)."""
+    with contextlib.suppress(CheckpointError, OSError):
+        path = _saver_source(path) or path
+    if path.endswith(".index.json"):
+        path = os.path.dirname(os.path.abspath(path))
+    return _bytes_under(path)
 
 
 def _state_dicts_in(obj: Any) -> List[Mapping[str, Any]]:
@@ -498,21 +888,27 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def list_keys(path: str, pattern: str = "*") -> List[Dict[str, Any]]:
+def list_keys(
+    path: str, pattern: str = "*", *, key: Optional[str] = None, allow: Iterable[str] = ()
+) -> List[Dict[str, Any]]:
     """Every tensor entry of every state dict in a checkpoint: key, shape, dtype, bytes.
 
     Args:
-        path: the checkpoint file (loaded weights-only).
+        path: the checkpoint (any layout :func:`read_source` reads; loaded weights-only).
         pattern: a glob (``fnmatch``) matched against the key and its canonical form
             (wrapper segments dropped), e.g. ``"*.bn1.*"``.
+        key: only the state dict under this container key (object name in a ``save_state``
+            file), as ``st.load_state_dict(key=)``.
+        allow: globals allowed as for ``st.load(allow=)`` (``--allow``).
 
     Returns:
-        One dict per entry, in file order: ``state_dict`` (container key, ``None`` for the top
-        level), ``key``, ``canonical`` (the key without wrapper segments), ``wrappers`` (the
-        wrapper segments in it), ``shape``, ``dtype`` and ``bytes`` (``None`` for non-tensors).
+        One dict per entry, in file order: ``state_dict`` (container key, or object name in a
+        ``save_state`` file; ``None`` for the top level), ``key``, ``canonical`` (the key
+        without wrapper segments), ``wrappers`` (the wrapper segments in it), ``shape``,
+        ``dtype`` and ``bytes`` (``None`` for non-tensors).
 
     Raises:
-        CheckpointError: the file cannot be loaded.
+        CheckpointError: the file cannot be loaded, or ``key`` is not a state dict in it.
 
     >>> import os, tempfile, torch
     >>> path = os.path.join(tempfile.mkdtemp(), "m.pt")
@@ -520,25 +916,27 @@ def list_keys(path: str, pattern: str = "*") -> List[Dict[str, Any]]:
     >>> [(r["key"], r["shape"], r["dtype"], r["bytes"]) for r in list_keys(path, "*weight")]
     [('module.weight', [3, 2], 'float32', 24)]
     """
-    obj = load(path)
+    view = model_view(read_source(path, allow=allow))
     holders: List[Tuple[Optional[str], Mapping[str, Any]]]
-    if is_state_dict(obj):
-        holders = [(None, obj)]
+    if key is not None:
+        holders = [(key, find_state_dict(view, key)[0])]
+    elif is_state_dict(view):
+        holders = [(None, view)]
     else:
-        holders = [(k, _as_state_dict(obj[k])) for k in state_dict_keys(obj)]
+        holders = [(k, _as_state_dict(view[k])) for k in state_dict_keys(view)]
     rows: List[Dict[str, Any]] = []
     for holder, sd in holders:
-        for key, value in sd.items():
-            canon = canonical_key(key)
-            if not (fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(canon, pattern)):
+        for name, value in sd.items():
+            canon = canonical_key(name)
+            if not (fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(canon, pattern)):
                 continue
             tensor = isinstance(value, torch.Tensor)
             rows.append(
                 {
                     "state_dict": holder,
-                    "key": key,
+                    "key": name,
                     "canonical": canon,
-                    "wrappers": [s + "." for s in _wrapper_segments_in([key])],
+                    "wrappers": [s + "." for s in _wrapper_segments_in([name])],
                     "shape": list(value.shape) if tensor else None,
                     "dtype": _dtype_name(value) if tensor else type(value).__name__,
                     "bytes": _nbytes(value) if tensor else None,
@@ -575,6 +973,7 @@ def diff_checkpoints(
     *,
     key: Optional[str] = None,
     progress_stream: Optional[IO[str]] = None,
+    allow: Iterable[str] = (),
 ) -> Dict[str, Any]:
     """Compare the state dicts of two checkpoints, after wrapper normalisation.
 
@@ -583,12 +982,14 @@ def diff_checkpoints(
     plain one of the same weights are equal.
 
     Args:
-        a: the first checkpoint file.
-        b: the second checkpoint file.
-        key: the container key of the state dict in both (default: the one
-            ``st.load_state_dict`` would pick).
+        a: the first checkpoint (any layout :func:`read_source` reads: a file, a
+            ``save_state`` file, a ``CheckpointSaver``, DCP or library directory, a shard index).
+        b: the second checkpoint.
+        key: the container key (object name in a ``save_state`` file) of the state dict in
+            both (default: the one ``st.load_state_dict`` would pick).
         progress_stream: where a progress bar goes (default stderr; drawn only on a TTY for
-            checkpoints above 256 MB).
+            checkpoints above 256 MiB, while reading and comparing).
+        allow: globals allowed as for ``st.load(allow=)`` (``--allow``).
 
     Returns:
         A JSON-ready dict: ``only_in_a``, ``only_in_b``, ``shape_changed`` and
@@ -610,8 +1011,13 @@ def diff_checkpoints(
     >>> r["value_changed"], r["equal"], r["only_in_a"]
     ([['bias', 0.5]], 1, [])
     """
-    sd_a = _pick_state_dict(load(a), key)
-    sd_b = _pick_state_dict(load(b), key)
+    allow = list(allow)
+    sd_a = _pick_state_dict(
+        model_view(read_source(a, allow=allow, progress_stream=progress_stream)), key
+    )
+    sd_b = _pick_state_dict(
+        model_view(read_source(b, allow=allow, progress_stream=progress_stream)), key
+    )
     match = match_keys(
         sd_a.keys(),
         sd_b.keys(),
@@ -629,12 +1035,31 @@ def diff_checkpoints(
         "value_changed": [],
         "equal": 0,
     }
-    stream = sys.stderr if progress_stream is None else progress_stream
     tensors = [v for v in sd_a.values() if isinstance(v, torch.Tensor)]
-    total = sum(map(_nbytes, tensors))
-    show = bool(getattr(stream, "isatty", lambda: False)()) and total > PROGRESS_MIN_BYTES
-    progress = _Progress(total, stream, show)
-    for ka, kb in match.mapping.items():
+    progress = _make_progress(progress_stream, sum(map(_nbytes, tensors)))
+    progress.start(progress.total, "comparing")
+    try:
+        _compare(sd_a, sd_b, match.mapping, result, progress)
+    except BaseException:
+        progress.close(False)
+        raise
+    progress.finish()
+    progress.close(True)
+    result["identical"] = not any(
+        result[k]
+        for k in ("only_in_a", "only_in_b", "shape_changed", "dtype_changed", "value_changed")
+    )
+    return result
+
+
+def _compare(
+    sd_a: Mapping[str, Any],
+    sd_b: Mapping[str, Any],
+    mapping: Mapping[str, str],
+    result: Dict[str, Any],
+    progress: _Progress,
+) -> None:
+    for ka, kb in mapping.items():
         va, vb = sd_a[ka], sd_b[kb]
         name = kb if ka == kb else f"{kb}"
         if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)):
@@ -643,7 +1068,7 @@ def diff_checkpoints(
             else:
                 result["value_changed"].append([name, None])
             continue
-        progress.advance(_nbytes(va), "diff")
+        progress.advance(_nbytes(va))
         if va.shape != vb.shape:
             result["shape_changed"].append([name, list(va.shape), list(vb.shape)])
             continue
@@ -655,12 +1080,6 @@ def diff_checkpoints(
             result["equal"] += 1
         else:
             result["value_changed"].append([name, diff])
-    progress.close()
-    result["identical"] = not any(
-        result[k]
-        for k in ("only_in_a", "only_in_b", "shape_changed", "dtype_changed", "value_changed")
-    )
-    return result
 
 
 # A comparison may touch this many bytes beyond what the two tensors' storages hold (small
@@ -745,7 +1164,8 @@ def _print_diff(r: Dict[str, Any], out: IO[str]) -> None:
         out.write(f"values differ: {key}" + (f" (max abs diff {diff:.6g})" if diff else "") + "\n")
     changed = len(r["value_changed"]) + len(r["shape_changed"])
     out.write(
-        f"{'identical' if r['identical'] else 'different'}: {r['equal']} equal, "
+        f"{paint('identical', 'green', out) if r['identical'] else paint('different', 'red', out)}"
+        f": {r['equal']} equal, "
         f"{changed} changed, {len(r['only_in_a'])} only in a, {len(r['only_in_b'])} only in b\n"
     )
 
@@ -814,7 +1234,12 @@ def _build_model(spec: str, module_name: str, attr: str) -> torch.nn.Module:
 
 
 def fit_checkpoint(
-    path: str, model: torch.nn.Module, *, key: Optional[str] = None, prefix: Optional[str] = None
+    path: str,
+    model: torch.nn.Module,
+    *,
+    key: Optional[str] = None,
+    prefix: Optional[str] = None,
+    allow: Iterable[str] = (),
 ) -> Any:
     """What ``st.load_state_dict(model, path)`` would do, without loading into ``model``.
 
@@ -823,10 +1248,13 @@ def fit_checkpoint(
     load uses; ``report.ok`` says whether a strict load would succeed.
 
     Args:
-        path: the checkpoint file.
+        path: the checkpoint: a file (a ``save_state`` file too), a ``CheckpointSaver``, DCP
+            or library directory, a shard index.
         model: the model the checkpoint is meant for.
         key: the container key of the state dict (as for ``st.load_state_dict``).
         prefix: take a sub-module's keys (as for ``st.load_state_dict``, where supported).
+        allow: globals allowed as for ``st.load(allow=)`` (``--allow``; files only: the other
+            layouts hold no pickled globals a model load reads).
 
     Returns:
         The :class:`~safetorch.LoadReport`.
@@ -860,7 +1288,14 @@ def fit_checkpoint(
     with warnings.catch_warnings():
         # torch says each copy into a meta parameter is a no-op: that is the point here.
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
-        return _io.load_state_dict(shadow, load(path), **kwargs)
+        # The load is strict=False on purpose: what it left unloaded is the report itself.
+        warnings.filterwarnings("ignore", message=r"load_state_dict\(strict=False\) left")
+        path = _saver_source(path) or path
+        layout = layouts.resolve(path)
+        if layout is not None and not isinstance(layout, layouts.FileLayout):
+            return _io.load_state_dict(shadow, path, **kwargs)  # matched on its meta view
+        file = path if layout is None else layout.path
+        return _io.load_state_dict(shadow, load(file, allow=list(allow)), **kwargs)
 
 
 def _report_json(report: Any) -> Dict[str, Any]:
@@ -957,7 +1392,7 @@ def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
     bad input, 1 for failed work, 130 when interrupted."""
 
     def say(text: str) -> None:
-        sys.stderr.write(f"safetorch ckpt {command}: {text}\n")
+        say_error(f"safetorch ckpt {command}", text)
 
     def run(args: argparse.Namespace) -> int:
         dcp_errors = _dcp_exception()
@@ -1000,6 +1435,18 @@ def _is_layout(path: str) -> bool:
     return os.path.isdir(path) or path.endswith(".index.json")
 
 
+def _readable_source(path: str) -> None:
+    """A path any command reads: a directory or shard index (its layout is resolved when it is
+    read), or a readable regular file."""
+    if not (_is_layout(path) and os.path.exists(path)):
+        _readable_file(path)
+    elif os.path.isdir(path) and saver_checkpoint(path) is None:
+        try:
+            layouts.resolve(path)
+        except CheckpointError as exc:
+            raise _BadInput(f"{path!r} is a directory; {_one_line(exc)}") from None
+
+
 def _print_layout(info: Dict[str, Any], out: IO[str]) -> None:
     out.write(f"path: {info['path']} ({info['layout']})\n")
     out.write(f"model weights: {info['model']}\n")
@@ -1023,47 +1470,115 @@ def _print_layout(info: Dict[str, Any], out: IO[str]) -> None:
         out.write(f"state dict: {info['state_dict_note']}\n")
 
 
+def _describe_saver(path: str, picked: str, why: str) -> Dict[str, Any]:
+    """A ``CheckpointSaver`` directory file by file, with the checkpoint it stands for named."""
+    files = []
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if name.startswith("."):
+            continue  # a temp file of an interrupted write
+        role = "CheckpointSaver index" if name.endswith(".json") else "checkpoint"
+        if os.path.realpath(full) == os.path.realpath(picked):
+            role = why
+        files.append({"file": name, "bytes": _bytes_under(full), "role": role})
+    return {
+        "path": path,
+        "layout": "CheckpointSaver directory",
+        "model": f"{os.path.basename(picked)} in {path!r}",
+        "files": files,
+    }
+
+
+def _describe_state_layout(path: str, info: Dict[str, Any]) -> None:
+    """A DCP directory written from a ``save_state`` file (``ckpt convert state.pt d --to
+    dcp``) keeps the file's structure: find its models in ``objects``, as for the file. The
+    marker is read (a bytes entry, through the restricted unpickler) before it is trusted."""
+    layout = layouts.resolve(path)
+    if not isinstance(layout, layouts.DCPDirectory):
+        return
+    view = layout.meta_view()
+    if not (isinstance(view, Mapping) and isinstance(view.get("objects"), Mapping)):
+        return
+    if "__safetorch__" not in layout.metadata.state_dict_metadata:
+        return
+    if layout.read(["__safetorch__"])["__safetorch__"] != STATE_FORMAT:
+        return
+    objects = view["objects"]
+    info["state_dicts"] = state_dict_keys(objects)
+    try:
+        sd, key = find_state_dict(objects)
+    except CheckpointError as exc:
+        info["state_dict_note"] = str(exc)
+        return
+    del info["state_dict_note"]
+    info["state_dict_key"] = key
+    info["state_dict_tensors"] = len(sd)
+    info["tensor_bytes"] = sum(_nbytes(t) for t in sd.values() if isinstance(t, torch.Tensor))
+    info["wrapper_prefixes"] = known_prefixes(sd)
+
+
+def _inspect_directory(args: argparse.Namespace, allow: List[str]) -> Dict[str, Any]:
+    """``inspect`` of a directory or shard index: its files, and the checkpoint it stands for
+    (``checkpoint`` when that is one file, ``checkpoint_layout`` when it is a DCP directory)."""
+    saver = saver_checkpoint(args.path) if os.path.isdir(args.path) else None
+    if saver is not None:
+        info = _describe_saver(args.path, *saver)
+        picked = saver[0]
+        if os.path.isdir(picked):  # a DCP state directory
+            info["checkpoint_layout"] = layouts.describe(picked)
+        else:
+            info["checkpoint"] = inspect_checkpoint(picked, allow=allow, key=args.key)
+        return info
+    info = layouts.describe(args.path)
+    if "state_dict_note" in info:
+        _describe_state_layout(args.path, info)
+    if info["layout"] == "file":  # a directory with one torch.save file: describe it too
+        picked = os.path.join(
+            args.path, next(f["file"] for f in info["files"] if "model" in f["role"])
+        )
+        info["checkpoint"] = inspect_checkpoint(picked, allow=allow, key=args.key)
+    return info
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    if _is_layout(args.path) and os.path.exists(args.path) and args.keys is None:
-        info = layouts.describe(args.path)
-        if info["layout"] == "file":  # a directory with one torch.save file: describe it too
-            picked = os.path.join(
-                args.path, next(f["file"] for f in info["files"] if "model" in f["role"])
-            )
-            info["checkpoint"] = inspect_checkpoint(picked)
+    allow = allow_list(args.allow)
+    if args.keys is not None:
+        _readable_source(args.path)
+        if not _is_layout(args.path):
+            info = inspect_checkpoint(args.path, allow=allow)  # refuses unsafe files unloaded
+            if info["unsafe_globals"]:
+                _emit(args, info, _print_info)
+                return 1
+        rows = list_keys(args.path, args.keys, key=args.key, allow=allow)
+        _emit(args, rows, _print_keys)
+        return 0
+    if _is_layout(args.path) and os.path.exists(args.path):
+        _readable_source(args.path)
+        info = _inspect_directory(args, allow)
         if args.json:
-            sys.stdout.write(json.dumps(info, indent=2) + "\n")
+            _emit(args, info, _print_layout)
         else:
             _print_layout(info, sys.stdout)
+            if "checkpoint_layout" in info:
+                _print_layout(info["checkpoint_layout"], sys.stdout)
             if "checkpoint" in info:
                 _print_info(info["checkpoint"], sys.stdout)
         return 1 if info.get("checkpoint", {}).get("unsafe_globals") else 0
     _readable_file(args.path)
-    if args.keys is not None:
-        info = inspect_checkpoint(args.path)  # refuses unsafe files before loading them
-        if info["unsafe_globals"]:
-            if args.json:
-                sys.stdout.write(json.dumps(info, indent=2) + "\n")
-            else:
-                _print_info(info, sys.stdout)
-            return 1
-        rows = list_keys(args.path, args.keys)
-        if args.json:
-            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
-        else:
-            _print_keys(rows, sys.stdout)
-        return 0
-    info = inspect_checkpoint(args.path)
-    if args.json:
-        sys.stdout.write(json.dumps(info, indent=2) + "\n")
-    else:
-        _print_info(info, sys.stdout)
+    info = inspect_checkpoint(args.path, allow=allow, key=args.key)
+    _emit(args, info, _print_info)
     return 1 if info["unsafe_globals"] else 0
 
 
+def _emit(args: argparse.Namespace, value: Any, printer: Callable[[Any, IO[str]], None]) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    else:
+        printer(value, sys.stdout)
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
-    if not (_is_layout(args.src) and os.path.exists(args.src)):
-        _readable_file(args.src)
+    _readable_source(args.src)
     if os.path.abspath(args.src) == os.path.abspath(args.dst):
         raise _BadInput(f"IN and OUT are the same path ({args.src!r}); write to a new path")
     if args.to == "dcp" or args.max_shard_size is not None:  # OUT is a directory
@@ -1085,30 +1600,40 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         key=args.key,
         max_shard_size=args.max_shard_size,
         max_bytes=None if args.max_bytes is None else layouts.parse_size(args.max_bytes),
+        allow=allow_list(args.allow),
     )
     if args.json:
         sys.stdout.write(json.dumps({"path": args.dst, **summary}, indent=2) + "\n")
         return 0
-    line = f"wrote {args.dst} ({summary['format']}, {summary['tensors']} tensors)"
+    what = f"{summary['tensors']} tensors"
+    if summary.get("key"):
+        what += f" of {summary['key']!r}"
+    line = f"wrote {args.dst} ({summary['format']}, {what})"
     if summary["dropped"]:
-        line += f"; dropped non-tensor entries: {', '.join(summary['dropped'])}"
+        why = (
+            "a safetensors file holds one state dict's tensors; --to torch keeps everything"
+            if summary["format"] == "safetensors"
+            else f"--key {args.key} writes only that state dict"
+        )
+        line += "; " + paint(
+            f"not carried over: {', '.join(summary['dropped'])}", "yellow", sys.stdout
+        )
+        line += f" ({why})"
     sys.stdout.write(line + "\n")
     return 0
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    _readable_file(args.a)
-    _readable_file(args.b)
-    result = diff_checkpoints(args.a, args.b, key=args.key)
-    if args.json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    else:
-        _print_diff(result, sys.stdout)
+    _readable_source(args.a)
+    _readable_source(args.b)
+    result = diff_checkpoints(args.a, args.b, key=args.key, allow=allow_list(args.allow))
+    _emit(args, result, _print_diff)
     return 0 if result["identical"] else 1
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    _readable_file(args.path)
+    _readable_source(args.path)
+    allow = allow_list(args.allow)
     try:
         model = _model_from(args.model)
     except ValueError:
@@ -1117,17 +1642,17 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         raise _BadInput(
             f"--model {args.model!r}: building the model raised {type(exc).__name__}: {exc}"
         ) from None
-    report = fit_checkpoint(args.path, model, key=args.key, prefix=args.prefix)
+    report = fit_checkpoint(args.path, model, key=args.key, prefix=args.prefix, allow=allow)
     if args.json:
         sys.stdout.write(json.dumps(_report_json(report), indent=2) + "\n")
     else:
         sys.stdout.write(f"{report}\n")
         verdict = (
-            "fits: st.load_state_dict(model, path) loads every key"
+            paint("fits", "green", sys.stdout) + ": st.load_state_dict(model, path) loads every key"
             if report.ok
             else (
-                "does not fit: a strict st.load_state_dict would refuse; strict=False would load "
-                f"{len(report.loaded)} keys"
+                paint("does not fit", "red", sys.stdout) + ": a strict st.load_state_dict would "
+                f"refuse; strict=False would load {len(report.loaded)} keys"
             )
         )
         sys.stdout.write(verdict + "\n")
@@ -1137,7 +1662,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from safetorch.checkpoint.verify import verify_checkpoint
 
-    if not os.path.isdir(args.path):
+    allow_list(args.allow)  # validated as everywhere; verify unpickles nothing
+    if not os.path.isdir(args.path):  # a directory (a CheckpointSaver's too): every file in it
         _readable_file(args.path)
     report = verify_checkpoint(args.path)
     if report.format == "directory" and not report.files:
@@ -1151,105 +1677,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+_COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
+    "inspect": _guarded("inspect", _cmd_inspect),
+    "convert": _guarded("convert", _cmd_convert),
+    "diff": _guarded("diff", _cmd_diff),
+    "verify": _guarded("verify", _cmd_verify),
+    "fit": _guarded("fit", _cmd_fit),
+}
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the ``safetorch ckpt`` action ``args.ckpt_command`` (parsed by
+    :func:`safetorch._cli.add_ckpt_parsers`); returns the exit status."""
+    return _COMMANDS[args.ckpt_command](args)
+
+
 def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Register ``safetorch ckpt inspect|convert|diff|verify|fit``."""
-    ckpt = subparsers.add_parser(
-        "ckpt", help="inspect, convert, diff, fit or verify checkpoints (weights-only)"
-    )
-    sub = ckpt.add_subparsers(dest="ckpt_command", metavar="ACTION")
+    """Register ``safetorch ckpt inspect|convert|diff|verify|fit`` (defined, torch-free, in
+    :func:`safetorch._cli.add_ckpt_parsers`)."""
+    from safetorch._cli import add_ckpt_parsers
 
-    def _usage(_args: argparse.Namespace) -> int:
-        ckpt.print_help(sys.stderr)
-        return 2
-
-    ckpt.set_defaults(func=_usage)
-
-    inspect = sub.add_parser(
-        "inspect",
-        help="container keys, state dicts, tensors, dtypes, prefixes, unsafe globals; a "
-        "directory or shard index file by file",
-    )
-    inspect.add_argument("path")
-    inspect.add_argument(
-        "--keys",
-        nargs="?",
-        const="*",
-        default=None,
-        metavar="GLOB",
-        help="list every entry (key, shape, dtype, bytes), optionally only keys matching GLOB",
-    )
-    inspect.add_argument("--json", action="store_true", help="machine-readable output")
-    inspect.set_defaults(func=_guarded("inspect", _cmd_inspect))
-
-    convert = sub.add_parser(
-        "convert",
-        help="rewrite atomically: strip wrapper prefixes; torch, safetensors (shards), DCP",
-    )
-    convert.add_argument("src", metavar="IN")
-    convert.add_argument("dst", metavar="OUT")
-    convert.add_argument(
-        "--strip",
-        default="auto",
-        help="'auto' (wrapper segments such as module., _orig_mod.), 'none', or a leading "
-        "prefix ending in '.' (e.g. model.)",
-    )
-    convert.add_argument(
-        "--to",
-        choices=("torch", "safetensors", "dcp"),
-        default=None,
-        help="output format (default from OUT's extension); dcp writes a DCP directory",
-    )
-    convert.add_argument(
-        "--max-shard-size",
-        default=None,
-        metavar="SIZE",
-        help="with --to safetensors: shards of at most SIZE (e.g. 5GB) in the directory OUT, "
-        "with model.safetensors.index.json",
-    )
-    convert.add_argument(
-        "--max-bytes",
-        default=None,
-        metavar="SIZE",
-        help="with --to safetensors/dcp: the most tensor data to write (views are written in "
-        "full); default 2x the source's storage bytes + 64 MiB",
-    )
-    convert.add_argument(
-        "--key", default=None, help="container key of the state dict to write (only that one)"
-    )
-    convert.add_argument("--json", action="store_true", help="machine-readable summary")
-    convert.set_defaults(func=_guarded("convert", _cmd_convert))
-
-    diff = sub.add_parser(
-        "diff", help="keys only in one, shape/dtype changes, value differences (max abs diff)"
-    )
-    diff.add_argument("a", metavar="A")
-    diff.add_argument("b", metavar="B")
-    diff.add_argument("--key", default=None, help="container key of the state dict in both")
-    diff.add_argument("--json", action="store_true", help="machine-readable output")
-    diff.set_defaults(func=_guarded("diff", _cmd_diff))
-
-    verify = sub.add_parser(
-        "verify",
-        help="integrity torch does not check: every zip record's CRC-32, safetensors offsets; "
-        "a directory or shard index file by file (exit 1 on a problem)",
-    )
-    verify.add_argument("path")
-    verify.add_argument("--json", action="store_true", help="machine-readable output")
-    verify.set_defaults(func=_guarded("verify", _cmd_verify))
-
-    fit = sub.add_parser(
-        "fit", help="what st.load_state_dict would do with a model, without loading it"
-    )
-    fit.add_argument("path")
-    fit.add_argument(
-        "--model",
-        required=True,
-        metavar="MODULE:FACTORY",
-        help="the model: an importable factory called without arguments, or a module instance",
-    )
-    fit.add_argument("--key", default=None, help="container key of the state dict")
-    fit.add_argument(
-        "--prefix", default=None, help="take the keys under this module path (e.g. features.)"
-    )
-    fit.add_argument("--json", action="store_true", help="machine-readable output")
-    fit.set_defaults(func=_guarded("fit", _cmd_fit))
+    add_ckpt_parsers(subparsers)

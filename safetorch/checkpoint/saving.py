@@ -35,7 +35,7 @@ from safetorch.errors import (
     CheckpointError,
 )
 
-__all__ = ["save_checkpoint", "CheckpointSaver", "on_rank0"]
+__all__ = ["save_checkpoint", "CheckpointSaver", "on_rank0", "saver_checkpoint"]
 
 logger = logging.getLogger("safetorch")
 _torch_save = torch.save
@@ -141,32 +141,38 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 class CheckpointSaver:
     """Keep ``last.pt`` and ``best.pt`` (``save``), or resumable top-k/history states
-    (``save_state``/``resume``), each written atomically.
+    (``save_state``/``resume``), each written atomically; one of the two per directory.
 
     ``save(state, epoch=, metric=)`` writes ``last.pt`` every time and ``best.pt`` when the
-    metric improves. ``save_state(epoch=, metric=, **objects)`` writes a full
+    metric improves; ``state`` is your own dict, which ``resume()`` cannot restore (load it
+    with ``st.load``/``st.load_state_dict``). ``save_state(epoch=, metric=, **objects)`` writes a full
     :func:`safetorch.save_state` checkpoint (``state-<epoch>.pt``, or a DCP directory for a
     sharded model under a process group), keeps the ``top_k`` best by metric, the
     ``max_history`` most recent and the last one, and deletes the rest; ``resume(**objects)``
     restores the latest complete one. ``checkpoints.json`` records epoch, metric and file of
     each and is read back on construction, so a resumed run keeps comparing against the best
     metric so far. Every file is complete at every instant (temp file + rename), so a kill at
-    any point leaves the previous checkpoints loadable.
+    any point leaves the previous checkpoints loadable. A directory holds the checkpoints of
+    ``save()`` or of ``save_state()``, never both: mixing them (or ``top_k``/``max_history``
+    other than 1 with ``save()``, or ``resume()`` in a ``save()`` directory) raises at once.
 
     Args:
         directory: where the files live (created if missing).
         mode: ``"min"`` (lower metric is better, e.g. loss) or ``"max"`` (e.g. accuracy).
         unwrap: passed to :func:`save_checkpoint` by ``save``.
-        top_k: how many best ``save_state`` checkpoints to keep (by metric).
-        max_history: how many most recent ``save_state`` checkpoints to keep besides them.
+        top_k: how many best ``save_state`` checkpoints to keep (by metric); ``save()`` keeps
+            one (``best.pt``) and refuses any other value.
+        max_history: how many most recent ``save_state`` checkpoints to keep besides them;
+            ``save()`` keeps one (``last.pt``) and refuses any other value.
         last_name, best_name, index_name: file names inside ``directory``.
 
     Raises:
         ValueError: ``mode`` is neither ``"min"`` nor ``"max"``, or ``top_k``/``max_history``
             is negative.
 
-    >>> import tempfile, torch, safetorch as st
-    >>> saver = st.CheckpointSaver(tempfile.mkdtemp(), mode="max")
+    >>> import os, tempfile, torch, safetorch as st
+    >>> run = tempfile.mkdtemp()
+    >>> saver = st.CheckpointSaver(os.path.join(run, "weights"), mode="max")
     >>> net = torch.nn.Linear(2, 2)
     >>> saver.save({"model": net.state_dict()}, epoch=0, metric=0.5)
     True
@@ -174,10 +180,11 @@ class CheckpointSaver:
     False
     >>> saver.best_epoch, saver.best_metric
     (0, 0.5)
+    >>> states = st.CheckpointSaver(os.path.join(run, "states"), mode="max", top_k=2)
     >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    >>> saver.save_state(epoch=1, metric=0.6, model=net, optimizer=opt)
+    >>> states.save_state(epoch=1, metric=0.6, model=net, optimizer=opt)
     True
-    >>> saver.resume(model=net, optimizer=opt)
+    >>> states.resume(model=net, optimizer=opt)
     {'epoch': 1, 'metric': 0.6}
     """
 
@@ -282,7 +289,25 @@ class CheckpointSaver:
 
         Returns:
             True when ``best.pt`` was rewritten.
+
+        Raises:
+            ValueError: the directory holds ``save_state()`` checkpoints, or ``top_k`` /
+                ``max_history`` is not 1 (they apply to ``save_state()``).
         """
+        if (self.top_k, self.max_history) != (1, 1):
+            raise ValueError(
+                f"CheckpointSaver(top_k={self.top_k}, max_history={self.max_history}).save(): "
+                "save() keeps one last.pt and one best.pt; top_k= and max_history= apply to "
+                "save_state() checkpoints. Call save_state(epoch=, metric=, **objects) to keep "
+                "them, or construct the saver without top_k=/max_history="
+            )
+        if self._holds() == "save_state":
+            raise ValueError(
+                f"CheckpointSaver({self.directory!r}) holds save_state() checkpoints; save() "
+                "writes last.pt/best.pt of your own dict, which resume() cannot restore. Use "
+                "one of them per directory: keep calling save_state(epoch=, metric=, "
+                "**objects), or give save() a directory of its own"
+            )
         value = self._value(metric)
         assert value is not None
         entry = {"epoch": int(epoch), "metric": value}
@@ -315,8 +340,19 @@ class CheckpointSaver:
 
         Returns:
             True when this checkpoint is the best so far.
+
+        Raises:
+            ValueError: the directory holds ``save()`` checkpoints (``last.pt``/``best.pt``).
         """
         from safetorch.checkpoint.state import save_state
+
+        if self._holds() == "save":
+            raise ValueError(
+                f"CheckpointSaver({self.directory!r}) holds {os.path.basename(self.last_path)} "
+                "written by save(); save_state() checkpoints go to a directory of their own "
+                "(resume() restores only those): construct a CheckpointSaver on another "
+                "directory for save_state(), or keep calling save()"
+            )
 
         value = self._value(metric)
         name = f"state-{int(epoch):06d}.pt"
@@ -356,23 +392,101 @@ class CheckpointSaver:
 
         Returns:
             The values it holds (``epoch``, ``metric`` and any saved values), or ``None`` when
-            the directory holds no ``save_state`` checkpoint (a fresh start).
+            the directory holds no checkpoint at all (a fresh start).
+
+        Raises:
+            CheckpointError: the directory holds ``save()`` checkpoints (``last.pt``), which
+                are not resumable states (a ``CheckpointError`` from :func:`load_state` too).
         """
         from safetorch.checkpoint.state import latest_complete, load_state
 
-        def find() -> Optional[str]:
-            names = sorted(
-                (n for n in os.listdir(self.directory) if _STATE_FILE.fullmatch(n)), reverse=True
-            )
-            return latest_complete(self.directory, names)
+        def find() -> Tuple[Optional[str], bool]:
+            path = latest_complete(self.directory, _state_names(self.directory))
+            return path, path is None and self._holds() == "save"
 
-        path = on_rank0(find)
+        path, by_save = on_rank0(find)
+        if by_save:
+            raise CheckpointError(
+                f"{self.directory!r} holds {os.path.basename(self.last_path)} written by "
+                "CheckpointSaver.save(), not a save_state() checkpoint; resume() restores only "
+                "save_state() checkpoints (objects, values and RNG). Load the file with "
+                "st.load(path) or st.load_state_dict(model, path), or save with "
+                "saver.save_state(epoch=, metric=, model=, optimizer=) to resume"
+            )
         if path is None:
             return None
         return load_state(path, **objects)
 
+    def _holds(self) -> Optional[str]:
+        """``"save"`` or ``"save_state"``: whose checkpoints the directory holds (by the index,
+        else by the files there); ``None`` for an empty directory."""
+        last = self.index.get("last")
+        if self.index.get("states") or (
+            isinstance(last, dict) and _STATE_FILE.fullmatch(str(last.get("file")))
+        ):
+            return "save_state"
+        if last or os.path.exists(self.last_path):
+            return "save"
+        return "save_state" if _state_names(self.directory) else None
+
 
 _STATE_FILE = re.compile(r"state-\d+\.pt")
+INDEX_NAME = "checkpoints.json"
+
+
+def _state_names(directory: str) -> List[str]:
+    """The ``save_state`` checkpoints (``state-<epoch>.pt``) in ``directory``, newest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((n for n in names if _STATE_FILE.fullmatch(n)), reverse=True)
+
+
+def saver_checkpoint(
+    directory: PathLike, index_name: str = INDEX_NAME
+) -> Optional[Tuple[str, str]]:
+    """The checkpoint a ``CheckpointSaver`` directory stands for, and what it is.
+
+    The newest complete ``save_state`` checkpoint (the one :meth:`CheckpointSaver.resume`
+    restores), else, in a directory of :meth:`CheckpointSaver.save`, the last checkpoint its
+    index names (resolved inside the directory by the checkpoint reader). ``safetorch ckpt``
+    reads a saver directory through this.
+
+    Returns:
+        ``(path, description)``, or ``None`` when ``directory`` is not a ``CheckpointSaver``
+        directory (no index, no ``state-<epoch>.pt``).
+
+    Raises:
+        CheckpointError: the index is unreadable, or the directory holds no checkpoint yet.
+
+    >>> import tempfile, torch, safetorch as st
+    >>> saver = st.CheckpointSaver(tempfile.mkdtemp())
+    >>> _ = saver.save({"w": torch.ones(1)}, epoch=3, metric=0.5)
+    >>> path, what = saver_checkpoint(saver.directory)
+    >>> os.path.basename(path), what
+    ('last.pt', 'last checkpoint of CheckpointSaver.save (epoch 3)')
+    """
+    from safetorch.checkpoint import reader
+    from safetorch.checkpoint.state import latest_complete
+
+    root = os.path.abspath(os.fsdecode(os.fspath(directory)))
+    names = _state_names(root)
+    index_path = os.path.join(root, index_name)
+    if not names and not os.path.isfile(index_path):
+        return None
+    path = latest_complete(root, names)
+    if path is not None:
+        return path, "newest save_state checkpoint (CheckpointSaver.resume restores it)"
+    index = reader.read_json(index_path, "CheckpointSaver index")
+    last = index.get("last") if isinstance(index, dict) else None
+    if not isinstance(last, dict) or last.get("file") is None:
+        raise CheckpointError(
+            f"{root!r} is a CheckpointSaver directory that holds no complete checkpoint yet "
+            f"({index_name} names none)"
+        )
+    path = reader.Root(root).resolve(last["file"], "checkpoint")
+    return path, f"last checkpoint of CheckpointSaver.save (epoch {last.get('epoch')})"
 
 
 def _remove(path: str) -> None:

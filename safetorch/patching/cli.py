@@ -1,28 +1,40 @@
 """``safetorch run``, ``safetorch install-hook``, ``safetorch uninstall-hook``.
 
-Expected failures end in one line on stderr naming the value and the fix. ``run`` exits as
-``python`` does (2 for a script that cannot be opened, 1 for a directory without
-``__main__.py`` or a module that cannot be found, the program's own status otherwise), and
-2 for bad safetorch options; the hook commands exit 2 for a bad ``--dir``, 1 when the file
-cannot be written or removed.
+The arguments are defined in :func:`safetorch._cli.add_run_parsers` (``--help`` never imports
+torch); these are the handlers. Expected failures end in one line on stderr naming the value
+and the fix. ``run`` exits as ``python`` does (2 for a script that cannot be opened, 1 for a
+directory without ``__main__.py`` or a module that cannot be found, the program's own status
+otherwise), and 2 for bad safetorch options; it prints its report at exit only when a patch
+changed a call or globals were allowed (``-v``: always, ``--no-report``: never). The hook
+commands exit 2 for a bad ``--dir``, 1 when the file cannot be written or removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
-import sys
+from typing import Sequence
 
 from safetorch.patching.allow import parse_allow_list
 
 __all__: list = []
 
-# "module.Name" or "package.module.Outer.Inner": what --allow accepts.
-
 
 def _fail(command: str, message: str, status: int = 2) -> int:
-    sys.stderr.write(f"safetorch {command}: {message}\n")
+    from safetorch._cli import say_error
+
+    say_error(f"safetorch {command}", message)
     return status
+
+
+def _report_at_exit(names: Sequence[str], verbose: bool) -> None:
+    """The end-of-run report, when there is something to say: a call a patch changed, or
+    globals allowed for loads (what a reader of the log must know); ``-v``: always."""
+    from safetorch.patching import registry, report, runner
+
+    if verbose or report.anything_changed() or registry.allowed_globals():
+        runner._print_report(names)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -45,8 +57,12 @@ def _run(args: argparse.Namespace) -> int:
     if problem is not None:
         message, status = problem
         return _fail("run", message, status)
+    if not args.no_report:
+        # Registered before the program runs (atexit is last-in, first-out): the report comes
+        # after the program's own exit handlers, as runner.run's own registration would.
+        atexit.register(_report_at_exit, names, bool(args.verbose))
     return runner.run(
-        argv[0], argv[1:], module=args.module, patches=names, report=not args.no_report, allow=allow
+        argv[0], argv[1:], module=args.module, patches=names, report=False, allow=allow
     )
 
 
@@ -102,49 +118,8 @@ def _uninstall(args: argparse.Namespace) -> int:
 
 
 def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Register ``run``, ``install-hook`` and ``uninstall-hook``."""
-    run = subparsers.add_parser(
-        "run",
-        help="run a script (or -m module) as python would, with monkeypatches on",
-        description=(
-            "Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) exactly as python would, with "
-            "safetorch's patches on from the start; print what they changed to stderr at exit."
-        ),
-    )
-    run.add_argument(
-        "--patch",
-        action="append",
-        default=None,
-        metavar="NAMES",
-        help="patch names (repeatable, or comma-separated), or 'all' (default); see st.patches()",
-    )
-    run.add_argument(
-        "--allow",
-        action="append",
-        default=None,
-        metavar="MODULE.NAME",
-        help="a global that checkpoints loaded through torch.load may reference (repeatable; "
-        "also SAFETORCH_ALLOW=a.B,c.D); only for files you trust to contain it",
-    )
-    run.add_argument(
-        "--no-patch",
-        action="append",
-        default=None,
-        metavar="NAMES",
-        help="patch names to leave off (repeatable, or comma-separated), e.g. "
-        "--no-patch legacy to run legacy-API calls as this torch does",
-    )
-    run.add_argument("--no-report", action="store_true", help="do not print the report")
-    run.add_argument(
-        "-m", dest="module", action="store_true", help="run a library module as a script"
-    )
-    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="SCRIPT|MODULE [ARGS...]")
-    run.set_defaults(func=_run)
+    """Register ``run``, ``install-hook`` and ``uninstall-hook`` (defined, torch-free, in
+    :func:`safetorch._cli.add_run_parsers`)."""
+    from safetorch._cli import add_run_parsers
 
-    for name, func, text in (
-        ("install-hook", _install, "write a .pth file: SAFETORCH_PATCH=... activates patches"),
-        ("uninstall-hook", _uninstall, "remove the .pth file install-hook wrote"),
-    ):
-        p = subparsers.add_parser(name, help=text, description=text)
-        p.add_argument("--dir", default=None, help="site-packages directory (default: this venv)")
-        p.set_defaults(func=func)
+    add_run_parsers(subparsers)

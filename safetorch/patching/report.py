@@ -145,6 +145,17 @@ class ReportEntry:
     detail: str
 
 
+def anything_changed() -> bool:
+    """Whether any patch changed a call since the last :func:`reset_counts` (``safetorch run``
+    prints its report only then, unless ``-v``).
+
+    >>> isinstance(anything_changed(), bool)
+    True
+    """
+    with _stats_lock:
+        return any(stat.count for stat in _calls.values())
+
+
 def report_entries() -> List[ReportEntry]:
     with _stats_lock:
         items = list(_stats.items())

@@ -140,7 +140,7 @@ def test_expanded_views_are_bounded_under_a_memory_cap(tmp_path: Path, expanded:
         conv = _run(["convert", "zeros.pt", dst, *extra], expanded, runner, capped=True)
         assert conv.returncode == 2, conv.stderr
         line = _one_line(conv.stderr, "convert")
-        assert "'x'" in line and "16.0 GB" in line and "--max-bytes" in line
+        assert "'x'" in line and "16.0 GiB" in line and "--max-bytes" in line
         assert not (expanded / dst).exists()
     keep = _run(["convert", "zeros.pt", "views.pt"], expanded, runner, capped=True)
     assert keep.returncode == 0 and (expanded / "views.pt").stat().st_size < 4096
