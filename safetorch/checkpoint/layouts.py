@@ -113,7 +113,7 @@ def nest_flat_keys(flat: Mapping[str, Any], paths: Optional[Mapping[str, Any]] =
                     )
                 node = child
             node[path[-1]] = value
-        return out
+        return _lists_from_int_keys(out, len(flat))
     if flat and all(_is_state_value(k, v) for k, v in flat.items()):
         return dict(flat)
     nested: Dict[str, Any] = {}
@@ -126,6 +126,28 @@ def nest_flat_keys(flat: Mapping[str, Any], paths: Optional[Mapping[str, Any]] =
         if isinstance(group, dict):
             group[rest] = value
     return nested
+
+
+def _lists_from_int_keys(node: Any, bound: int, depth: int = 0) -> Any:
+    """Dicts whose keys are all ints back into lists, as DCP's own unflattening rebuilds them
+    (``param_groups.0.lr`` came from a list); missing indices are ``None``, as DCP fills
+    them. An index is below the number of flat entries (``bound``): planner_data cannot ask
+    for a list longer than the checkpoint holds."""
+    if not isinstance(node, dict) or depth > 100:
+        return node
+    items = {k: _lists_from_int_keys(v, bound, depth + 1) for k, v in node.items()}
+    if items and all(type(k) is int for k in items):
+        top = max(items)
+        if min(items) < 0 or top >= bound:
+            raise CheckpointError(
+                f"DCP planner_data puts an entry at list index {top if top >= bound else min(items)}"
+                f", outside a list of at most {bound} entries"
+            )
+        out: List[Any] = [None] * (top + 1)
+        for k, v in items.items():
+            out[k] = v
+        return out
+    return items
 
 
 class Layout:

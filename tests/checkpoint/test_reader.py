@@ -6,6 +6,7 @@ is what safetorch replaces (DCP's default planner), the same directory goes thro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -500,3 +501,33 @@ def test_dcp_reads_in_place_only_where_no_load_hook_could_see_the_values(tmp_pat
     assert seen == ["bias", "weight"]
     assert torch.equal(hooked.bias.detach(), state["bias"] + 1)
     assert torch.equal(hooked.weight.detach(), state["weight"])
+
+
+@needs_dcp
+def test_dcp_lists_come_back_as_lists_and_their_indices_are_bounded(tmp_path):
+    """DCP flattens a list (an optimizer's param_groups) with int path components; reading the
+    directory back as an object rebuilds the list, as DCP's own unflattening does, and an index
+    beyond what the checkpoint holds is refused instead of allocated."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.25)
+    _dcp_save({"optim": opt.state_dict(), "epoch": 3}, tmp_path / "ckpt")
+    obj = layouts.dcp_to_object(str(tmp_path / "ckpt"))
+    groups = obj["optim"]["param_groups"]
+    assert isinstance(groups, list) and groups[0]["lr"] == 0.25 and obj["epoch"] == 3
+    assert groups[0]["params"] == opt.state_dict()["param_groups"][0]["params"]
+
+    def edit(md):
+        for key in list(md.planner_data):
+            parts = md.planner_data[key]
+            if "param_groups" in parts and "lr" in parts:
+                moved = tuple(10**12 if type(p) is int else p for p in parts)
+                new = ".".join(map(str, moved))
+                md.state_dict_metadata[new] = md.state_dict_metadata.pop(key)
+                md.planner_data[new] = moved
+                for index in [i for i in md.storage_data if i.fqn == key]:
+                    info = md.storage_data.pop(index)
+                    md.storage_data[dataclasses.replace(index, fqn=new)] = info
+
+    _edit_metadata(tmp_path / "ckpt", edit)
+    with pytest.raises(st.CheckpointError, match="list index"):
+        layouts.dcp_to_object(str(tmp_path / "ckpt"))
