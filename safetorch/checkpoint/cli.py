@@ -216,7 +216,9 @@ def inspect_checkpoint(
         info["allowed_globals"] = allow
     if unsafe:
         return info
-    obj = _load_file(path, allow, None)
+    obj = _meta_view(path) if info["format"] == "zip" else None
+    if obj is None:
+        obj = _load_file(path, allow, None)
     parts = state_parts(obj)
     info["save_state"] = _state_info(parts) if parts is not None else None
     info["container_keys"] = (
@@ -245,7 +247,9 @@ def inspect_checkpoint(
         count += 1
         dtypes[str(t.dtype).replace("torch.", "")] += 1
         storage = _storage_of(t)
-        ident = (storage.data_ptr(), storage.nbytes(), str(t.device))
+        # a meta view's storages have no data pointer: told apart by the storage itself
+        ptr = storage._cdata if t.device.type == "meta" else storage.data_ptr()
+        ident = (ptr, storage.nbytes(), str(t.device))
         if ident not in seen:  # tensors sharing a storage count once
             seen.add(ident)
             total += storage.nbytes()
@@ -253,6 +257,20 @@ def inspect_checkpoint(
     info["tensor_bytes"] = total
     info["dtypes"] = dict(sorted(dtypes.items()))
     return info
+
+
+def _meta_view(path: str) -> Any:
+    """The checkpoint's structure with its tensors on ``meta`` (nothing read but the pickle and
+    the zip directory, every storage checked against its record), or ``None`` where the file
+    needs ``st.load`` (legacy format, compressed records, other tensor kinds, allowed
+    globals): ``inspect`` then costs the pickle, not the file's size."""
+    from safetorch.checkpoint import torchfile
+
+    found = torchfile.TorchFile.open(path)
+    if found is None:
+        return None
+    found.close()
+    return found.view
 
 
 def _human(n: float) -> str:

@@ -188,6 +188,15 @@ def in_tmp(tmp_path):
         os.chdir(old)
 
 
+# torch.distributed.tensor registers its classes as safe globals when it is first imported
+# (torch >= 2.5); ckpt inspect can be what imports it first. Imported here, so the
+# fingerprint below sees only what a payload could have changed.
+try:
+    import torch.distributed.tensor  # noqa: F401
+except Exception:  # absent before torch 2.4, or no distributed build
+    pass
+
+
 def _process_fingerprint():
     return (
         torch._utils._rebuild_tensor_v2.__defaults__,
