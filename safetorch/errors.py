@@ -24,6 +24,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointFileNotFoundError",
     "CheckpointNotSeekableError",
+    "CheckpointFormatError",
     "CheckpointFileObjectError",
     "UnsafeCheckpointError",
     "CheckpointMismatchError",
@@ -182,6 +183,18 @@ class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     def __init__(self, message: str, unsafe_globals: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.unsafe_globals = tuple(unsafe_globals)
+
+
+class CheckpointFormatError(CheckpointError, pickle.UnpicklingError):
+    """A file that is not a checkpoint, or whose pickle data is truncated or corrupt: where
+    ``torch.load`` raises ``pickle.UnpicklingError`` ("invalid load key", "pickle data was
+    truncated"), so code that catches it keeps working under ``st.patch()``.
+
+    >>> import pickle
+    >>> from safetorch.errors import CheckpointFormatError
+    >>> issubclass(CheckpointFormatError, pickle.UnpicklingError)
+    True
+    """
 
 
 class CheckpointMismatchError(CheckpointError):

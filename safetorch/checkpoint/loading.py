@@ -34,6 +34,7 @@ from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
     CheckpointFileObjectError,
+    CheckpointFormatError,
     CheckpointNotSeekableError,
     CheckpointWarning,
     SafetorchError,
@@ -653,7 +654,7 @@ def _load(
                 "weights_only=False and re-save it with st.save_checkpoint"
             )
         if head[:1] != b"\x80":
-            raise CheckpointError(
+            raise CheckpointFormatError(
                 f"cannot load checkpoint {name}: it is not a PyTorch checkpoint (it starts "
                 f"with {head[:8]!r})"
             )
@@ -670,7 +671,7 @@ def _load(
             "weights_only=False."
         )
     if not scan.complete:
-        raise CheckpointError(
+        raise CheckpointFormatError(
             f"cannot load checkpoint {name}: {scan.stopped or 'its pickle data is corrupt'}"
         )
     defer = (
@@ -738,7 +739,7 @@ def _wrap_failures(
                 f"refused to load {name}: {reason}; nothing from the file was executed. To "
                 "load a fully trusted file: weights_only=False."
             ) from None
-        raise CheckpointError(
+        raise CheckpointFormatError(
             f"cannot load checkpoint {name}: {_failure_reason(exc)} ({_first_line(exc)})"
         ) from exc
     except Exception as exc:  # MemoryError included (an Exception subclass)

@@ -364,3 +364,22 @@ def test_syncbn_routes_to_st_convert_and_keeps_bn_without_group() -> None:
     ]
     # Unpatched, torch converts (and its layer falls back to plain BN on CPU).
     assert type(nn.SyncBatchNorm.convert_sync_batchnorm(model)[1]) is nn.SyncBatchNorm
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"<html><body>404 Not Found</body></html>", b"\x80\x04\x95"],
+    ids=["an HTML page saved as .pt", "truncated pickle"],
+)
+def test_patched_load_raises_what_torch_raises_for_a_non_checkpoint(tmp_path, data) -> None:
+    """torch.load raises pickle.UnpicklingError for an HTML page downloaded in place of a
+    checkpoint ("invalid load key, '<'") or a truncated pickle; under the patch the same
+    `except` clause still catches the error."""
+    path = tmp_path / "junk.pt"
+    path.write_bytes(data)
+    with pytest.raises(pickle.UnpicklingError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "Detected pickle protocol 4" note
+        torch.load(path, weights_only=True)  # side by side: torch itself
+    with st.patched("load"), pytest.raises(pickle.UnpicklingError) as info:
+        torch.load(path)
+    assert isinstance(info.value, st.CheckpointError) and str(path) in str(info.value)
