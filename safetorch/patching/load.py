@@ -35,7 +35,7 @@ import torch
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.errors import PatchWarning
+from safetorch.errors import PatchWarning, UnsafeCheckpointError
 from safetorch.patching import registry
 from safetorch.patching.allow import TRUST_ENV, trust_root
 
@@ -61,6 +61,10 @@ def _bind() -> None:
         if _compat.LOAD_WEIGHTS_ONLY_DEFAULT_TRUE
         else "weights_only=True (this torch defaults to False)"
     )
+
+
+# The first words of torch.load's weights-only refusal (torch 2.x), which callers match on.
+_TORCH_REFUSAL = "Weights only load failed."
 
 
 def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -112,15 +116,22 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
         registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
         root = trust_root()
         with _trust.recording() as trusted:
-            result = _checkpoint.load(
-                f,
-                map_location,
-                weights_only=True,
-                mmap=mmap,
-                encoding=encoding,
-                allow=registry.allowed_globals(),
-                trust_root=root,
-            )
+            try:
+                result = _checkpoint.load(
+                    f,
+                    map_location,
+                    weights_only=True,
+                    mmap=mmap,
+                    encoding=encoding,
+                    allow=registry.allowed_globals(),
+                    trust_root=root,
+                )
+            except UnsafeCheckpointError as exc:
+                # torch's own words first, as torch.load(weights_only=True) raises it (code
+                # matches on them), then safetorch's: what was refused and every way out.
+                if exc.args and not str(exc.args[0]).startswith(_TORCH_REFUSAL):
+                    exc.args = (f"{_TORCH_REFUSAL} {exc.args[0]}", *exc.args[1:])
+                raise
         if trusted:
             shown = ", ".join(trusted[:6]) + (
                 f" and {len(trusted) - 6} more" if len(trusted) > 6 else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import pickle
@@ -383,3 +384,22 @@ def test_patched_load_raises_what_torch_raises_for_a_non_checkpoint(tmp_path, da
     with st.patched("load"), pytest.raises(pickle.UnpicklingError) as info:
         torch.load(path)
     assert isinstance(info.value, st.CheckpointError) and str(path) in str(info.value)
+
+
+def test_patched_load_refusal_starts_with_torchs_words(tmp_path) -> None:
+    """A refusal under the patch begins as torch.load(weights_only=True)'s does ("Weights only
+    load failed."), so code that matches torch's text keeps working; safetorch's own account
+    (what was refused, every way out) follows."""
+    path = tmp_path / "evil.pt"
+    torch.save({"ns": collections.OrderedDict, "f": print}, path)
+    with pytest.raises(pickle.UnpicklingError) as plain:
+        torch.load(path, weights_only=True)
+    assert str(plain.value).startswith("Weights only load failed.")
+    with st.patched("load"), pytest.raises(st.UnsafeCheckpointError) as info:
+        torch.load(path)
+    text = str(info.value)
+    assert text.startswith("Weights only load failed.") and "builtins.print" in text
+    assert text.count("Weights only load failed.") == 1
+    with pytest.raises(st.UnsafeCheckpointError) as direct:  # st.load keeps its own first line
+        st.load(path)
+    assert not str(direct.value).startswith("Weights only")
