@@ -217,7 +217,10 @@ def test_batchnorm_keeps_the_models_counter_like_torch() -> None:
     model.num_batches_tracked.fill_(7)
     expected.load_state_dict(sd)
     assert st.load_state_dict(model, sd).defaulted == ["num_batches_tracked"]
-    assert model.num_batches_tracked.item() == expected.num_batches_tracked.item() == 7
+    # what the installed torch does: newer releases keep the model's counter, older ones (2.1
+    # here) reset it to 0; safetorch reports it as defaulted either way
+    assert model.num_batches_tracked.item() == expected.num_batches_tracked.item()
+    assert expected.num_batches_tracked.item() in (0, 7)
 
 
 def test_batchnorm_of_version_2_without_counter_is_missing_as_in_torch() -> None:
