@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.safetorch-installed
 
-.PHONY: venv demo test lint unit dist sdist-test gpu-check bench test-compat clean
+.PHONY: venv demo test lint unit dist sdist-test gpu-check bench test-compat test-triton clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,21 @@ sdist-test: dist
 # Runs on a lent GPU machine with its own python3 (no venv): tests/gpu + CUDA benchmarks.
 gpu-check:
 	bash benchmarks/gpu_check.sh
+
+# Opt-in (not part of `make test`): the fused checked-index kernel (safetorch/_triton_index.py)
+# on CPU tensors under Triton's interpreter, in a venv of its own with triton (not a safetorch
+# dependency: torch's CUDA wheels ship it). torch is pinned as above.
+TRITON_VENV  := build/triton-venv
+TRITON_PY    := $(TRITON_VENV)/bin/python
+TRITON_STAMP := $(TRITON_VENV)/.safetorch-installed
+
+$(TRITON_STAMP): pyproject.toml
+	test -x $(TRITON_PY) || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_PY) -m pip install --quiet "$(TORCH)" "triton>=3.0" numpy pytest hypothesis wrapt packaging
+	touch $(TRITON_STAMP)
+
+test-triton: $(TRITON_STAMP)
+	TRITON_INTERPRET=1 PYTHONPATH=. $(TRITON_PY) -m pytest -q -p no:cacheprovider tests/tensor/test_triton_index.py
 
 bench: venv
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

@@ -202,6 +202,17 @@ DCP_HAS_SAVE_LOAD: bool = _flag(
     "release >= 2.2 (importing DCP to look costs ~0.3 s)",
 )
 
+# Triton, which torch's CUDA wheels install (pytorch-triton, a dependency since torch 2.0): the
+# fused checked-index kernels (safetorch._triton_index) run where it is importable. Found
+# without importing it (import triton costs ~1 s); an installed package, not a torch release.
+HAS_TRITON: bool = _flag(
+    "HAS_TRITON",
+    _has_module("triton"),
+    "-",
+    "torch's CUDA wheels depend on triton (torch/utils/_triton.py)",
+    "importlib.util.find_spec('triton')",
+)
+
 
 # --- legacy APIs (the `legacy` patch fills only the gaps these flags report) ----------------
 # Legacy behaviours that are the same on every supported torch (>= 1.13) are not flags: torch
