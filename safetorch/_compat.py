@@ -267,6 +267,13 @@ from torch.nn.modules.conv import _ConvNd as ConvNdBase  # noqa: E402, F401 (re-
 from torch.nn.modules.dropout import _DropoutNd as DropoutNdBase  # noqa: E402, F401 (re-exported)
 from torch.nn.parallel._functions import Scatter  # noqa: E402, F401 (re-exported)
 
+# A context that turns off __torch_function__ of tensor subclasses (not modes): torch 2.0
+# renamed 1.13's DisableTorchFunction to DisableTorchFunctionSubclass (the old name then
+# disables modes too).
+disable_torch_function_subclass: Any = getattr(
+    torch._C, "DisableTorchFunctionSubclass", getattr(torch._C, "DisableTorchFunction", None)
+)
+
 _serialization: Any = torch.serialization  # private readers, not in torch's type stubs
 #: torch.load's file openers and format readers; _load/_legacy_load take any pickle_module
 #: (whose Unpickler they subclass) and an ``encoding``; _load takes ``overall_storage`` (2.1+).

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Set, Tup
 
 import torch
 
+from safetorch import _compat
 from safetorch._stack import user_frame, user_stacklevel
 from safetorch.errors import PatchWarning
 
@@ -600,7 +601,7 @@ class VolatileTensor(torch.Tensor):
     @property
     def data(self) -> torch.Tensor:
         """The plain tensor behind this one (no volatility), as 0.3's ``Variable.data``."""
-        with torch._C.DisableTorchFunctionSubclass():
+        with _compat.disable_torch_function_subclass():
             return _tensor_data.__get__(self).as_subclass(_plain)
 
     @data.setter

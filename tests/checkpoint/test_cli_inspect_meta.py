@@ -25,6 +25,8 @@ def _checkpoint(path):
 def test_inspect_of_a_file_never_reads_tensor_data(tmp_path, monkeypatch):
     path = tmp_path / "m.pt"
     _checkpoint(path)
+    if cli._meta_view(str(path)) is None:  # torch 1.13: no meta storages; inspect loads it
+        pytest.skip("the meta view needs meta-device storages (torch >= 2.0)")
     full = dict(cli.inspect_checkpoint(str(path)))  # side by side: the meta view vs a full load
     monkeypatch.setattr(cli, "_meta_view", lambda p: None)
     loaded = cli.inspect_checkpoint(str(path))

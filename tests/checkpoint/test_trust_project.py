@@ -32,6 +32,12 @@ from safetorch.checkpoint import _trust, _unpickler
 
 np = pytest.importorskip("numpy")
 
+# side by side with torch.serialization.safe_globals (a context manager from torch 2.5)
+needs_safe_globals = pytest.mark.skipif(
+    not hasattr(torch.serialization, "safe_globals"),
+    reason="compared with torch.serialization.safe_globals, which needs torch >= 2.5",
+)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location(
     "_trust_hostile_payloads", os.path.join(HERE, "test_hostile.py")
@@ -188,6 +194,7 @@ def _classes_in(path: Path) -> List[Any]:
     return [_unpickler.import_global(n) for n in names if n not in allowed]
 
 
+@needs_safe_globals
 # --- what the rule admits ------------------------------------------------------------------
 @pytest.mark.parametrize("branch", BRANCHES)
 def test_whole_model_loads_like_torch_with_every_class_allowed(
@@ -213,6 +220,7 @@ def test_whole_model_loads_like_torch_with_every_class_allowed(
         assert torch.equal(theirs.inner(x), model.inner(x))
 
 
+@needs_safe_globals
 def test_legacy_format_whole_model(project, tmp_path, monkeypatch):
     """torch < 1.6's format names each module class in a ("module", cls, file, source) id,
     which torch's weights-only loader refuses even with the classes allowed."""
@@ -385,6 +393,7 @@ def _name(obj: Any) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
+@needs_safe_globals
 @pytest.mark.parametrize("branch", BRANCHES)
 @pytest.mark.parametrize(
     "with_dtype_class", [True, False], ids=["torch_docs_list", "names_refused"]
@@ -774,6 +783,7 @@ def test_hostile_whole_model_pickles_are_refused_and_nothing_runs(hostile_result
     assert "sttrust_sideeffect" not in hostile_results["__imported__"]
 
 
+@needs_safe_globals
 def test_torch_safe_globals_side_by_side(hostile_results):
     """Where torch's explicit allow of the same classes runs the payload, the rule does not;
     everything torch's allow refuses, the rule refuses too (checked above)."""

@@ -193,7 +193,10 @@ def test_allow_with_the_refused_names_loads_a_numpy_array(proj) -> None:
     numpy.dtypes.Float64DType)."""
     off = _run(proj, *SAFETORCH, "run", "--no-report", "numpy_data.py", SAFETORCH_TRUST_ROOT="")
     assert off.returncode == 1 and "numpy.ndarray" in off.stderr
-    names = "numpy._core.multiarray._reconstruct,numpy.ndarray,numpy.dtype"
+    import numpy
+
+    core = "numpy._core" if int(numpy.__version__.split(".")[0]) >= 2 else "numpy.core"
+    names = f"{core}.multiarray._reconstruct,numpy.ndarray,numpy.dtype"  # as numpy pickles it
     allowed = _run(
         proj, *SAFETORCH, "run", "--no-report", "--allow", names, "numpy_data.py",
         SAFETORCH_TRUST_ROOT="",
