@@ -516,6 +516,11 @@ def test_dcp_lists_come_back_as_lists_and_their_indices_are_bounded(tmp_path):
     assert isinstance(groups, list) and groups[0]["lr"] == 0.25 and obj["epoch"] == 3
     assert groups[0]["params"] == opt.state_dict()["param_groups"][0]["params"]
 
+    if not _compat.DCP_HAS_SAVE_LOAD:
+        # torch 2.0-2.1's DCP metadata keeps the edited entry apart from the rebuilt list (it
+        # stays a dict key, nothing is allocated); the bound is checked where it applies
+        pytest.skip("the edited planner_data is not used to rebuild lists before torch 2.2")
+
     def edit(md):
         for key in list(md.planner_data):
             parts = md.planner_data[key]
