@@ -224,6 +224,15 @@ def _run_file(path: str) -> None:
     exec(code, main.__dict__)
 
 
+def _raise_deferred_index_errors() -> None:
+    """The end of the script is a synchronising point safetorch controls: an out-of-range
+    index that ``mode="deferred"`` recorded and nothing raised is the script's error, named
+    by its line, as ``st.raise_deferred()`` would raise it (one host sync per device)."""
+    tensor = sys.modules.get("safetorch.tensor")
+    if tensor is not None:
+        tensor.raise_deferred()
+
+
 def _excepthook(exc: BaseException) -> None:
     # The traceback object must be the exception's own: the default hook prints
     # exc.__traceback__ whatever it is passed. Chained exceptions are cleaned too.
@@ -305,6 +314,7 @@ def _run_patched(
                 runpy.run_path(target, run_name="__main__")
             else:
                 _run_file(target)
+        _raise_deferred_index_errors()
     except SystemExit:
         raise
     except KeyboardInterrupt as exc:
