@@ -234,7 +234,16 @@ def _emit(fmt: str, diagnostics: Sequence[Any], statistics: bool) -> None:
         sys.stdout.write(json.dumps(format_sarif(diagnostics), indent=2) + "\n")
     else:
         for d in diagnostics:
-            print(d)
+            print(_painted(d))
+
+
+def _painted(d: Any) -> str:
+    """One finding as text: ruff's colours on a terminal (path bold, code red), plain
+    otherwise or with ``NO_COLOR`` (the same text either way)."""
+    from safetorch._cli import paint
+
+    where = paint(f"{d.path}:{d.line}:{d.col}:", "bold")
+    return f"{where} {paint(d.code, 'bold red')} {d.message}"
 
 
 def _fix_mark(fix: Any) -> str:
