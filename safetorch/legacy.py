@@ -563,6 +563,9 @@ def legacy_function(fn: Any, *args: Any) -> Any:
 
 # --- Variable(..., volatile=True) ------------------------------------------------------------
 _plain = torch.Tensor
+_set_grad_enabled = torch._C._set_grad_enabled  # what torch.no_grad() calls
+_NOWRAP = torch.overrides.get_default_nowrap_functions()  # what Tensor.__torch_function__ skips
+_convert = torch._tensor._convert  # how Tensor.__torch_function__ wraps results in the subclass
 # The C getset descriptor behind ``x.data`` (torch's stubs type it as a Tensor).
 _tensor_data: Any = torch.Tensor.data
 
@@ -595,8 +598,23 @@ class VolatileTensor(torch.Tensor):
     def __torch_function__(
         cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Optional[Dict] = None
     ) -> Any:
-        with torch.no_grad():
-            return super().__torch_function__(func, types, args, kwargs or {})
+        # torch.Tensor.__torch_function__ under no_grad, spelled out: every op on a volatile
+        # tensor comes here (a module's forward makes dozens of calls), and the context
+        # manager objects were half of the cost (benchmarks/bench_legacy_run.py).
+        if not all(issubclass(cls, t) for t in types):
+            return NotImplemented
+        enabled = torch.is_grad_enabled()
+        if enabled:
+            _set_grad_enabled(False)
+        try:
+            with _compat.disable_torch_function_subclass():
+                ret = func(*args, **(kwargs or {}))
+        finally:
+            if enabled:
+                _set_grad_enabled(True)
+        if func in _NOWRAP:
+            return ret
+        return _convert(ret, cls)
 
     @property
     def data(self) -> torch.Tensor:

@@ -79,6 +79,9 @@ def test_weights_only_is_not_offered_for_payloads_it_refuses(tmp_path: Path, pay
         + "loaded = torch.load(path, map_location='cpu')\n"
     )
     (diag,) = [d for d in check_source(source) if d.code == "ST003"]
-    assert diag.fix is None
-    assert "st.load(path, allow=[" in diag.message and "evidently holds" in diag.message
-    assert fix_source(source, unsafe_fixes=True) == source
+    assert "evidently holds" in diag.message
+    # the fix is the st.load form of the project trust rule, never weights_only=True
+    assert diag.fix is not None and not diag.fix.safe
+    fixed = fix_source(source, unsafe_fixes=True)
+    assert "weights_only=True" not in fixed and "trust_root=" in fixed and "st.load(" in fixed
+    assert fix_source(source) == source  # nothing without --unsafe-fixes

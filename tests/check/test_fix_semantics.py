@@ -24,9 +24,9 @@ def run(source: str, **env: Any) -> Dict[str, Any]:
 
 def fixed(body: str) -> str:
     source = HEADER + textwrap.dedent(body)
-    after = fix_source(source, unsafe_fixes=True)
+    after = fix_source(source, select=["ALL", "PREVIEW"], unsafe_fixes=True)
     assert after != source, "expected a fix"
-    assert [d for d in check_source(after) if d.fix is not None] == []
+    assert [d for d in check_source(after, select=["ALL", "PREVIEW"]) if d.fix is not None] == []
     return after
 
 

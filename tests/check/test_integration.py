@@ -71,7 +71,7 @@ def test_checker_runs_where_torch_cannot_be_imported(tmp_path: Path) -> None:
         import runpy
         import safetorch.check as c
         assert [d.code for d in c.check_source(open(sys.argv[1]).read())] == [
-            "ST001", "ST003", "ST004"]
+            "ST001", "ST003"]
         from safetorch._cli import main
         assert main(["--version"]) == 0
         assert main(["--help"]) == 0
@@ -131,7 +131,7 @@ def test_precommit_hook_runs_from_a_clone_without_site_packages(tmp_path: Path) 
     if sys.version_info >= (3, 11):
         assert codes == ["ST001", "ST003"]  # ST004 ignored by the project's pyproject.toml
     else:  # no tomllib, and -S hides tomli: the configuration is ignored, with a warning
-        assert codes == ["ST001", "ST003", "ST004"]
+        assert codes == ["ST001", "ST003"]  # ST004 is preview anyway
         assert "tomli" in out.stderr
     fixed = subprocess.run(
         [sys.executable, "-S", str(hook), "--fix", "a.py"],
@@ -228,7 +228,7 @@ def test_pyproject_select_ignore_per_file_exclude(
     _, out, _ = run(capsys, "--ignore", "ST001", str(root / "src"))
     assert _found(out, root) == [("src/a.py", "ST003")]
     _, out, _ = run(capsys, "--isolated", str(root / "src"))
-    assert [c for _, c in _found(out, root)] == ["ST001", "ST003", "ST004"]
+    assert [c for _, c in _found(out, root)] == ["ST001", "ST003"]  # ST004 is preview
 
 
 def test_min_torch_version_2_6_makes_the_default_load_safe(
@@ -329,13 +329,13 @@ def test_github_and_sarif_formats(capsys: pytest.CaptureFixture[str], tmp_path: 
     log = json.loads(out)
     run0 = log["runs"][0]
     assert log["version"] == "2.1.0" and run0["tool"]["driver"]["name"] == "safetorch"
-    assert [r["ruleId"] for r in run0["results"]] == ["ST001", "ST003", "ST004"]
+    assert [r["ruleId"] for r in run0["results"]] == ["ST001", "ST003"]
     rules = run0["tool"]["driver"]["rules"]
     for result in run0["results"]:
         assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
     code, out, _ = run(capsys, "--isolated", "--json", str(path))
     data = json.loads(out)
-    assert [d["fix"] and d["fix"]["applicability"] for d in data] == ["safe", "unsafe", None]
+    assert [d["fix"] and d["fix"]["applicability"] for d in data] == ["safe", "unsafe"]
 
 
 def test_statistics_and_list_rules(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -345,7 +345,6 @@ def test_statistics_and_list_rules(capsys: pytest.CaptureFixture[str], tmp_path:
     assert code == 1
     assert [ln.split("\t") for ln in out.splitlines()] == [
         ["2", "ST003", "[-]", "load-without-weights-only"],
-        ["2", "ST004", "   ", "load-without-map-location"],
         ["1", "ST001", "[*]", "deprecated-upsample-function"],
     ]
     code, out, _ = run(capsys, "--list-rules")

@@ -1,0 +1,16 @@
+# ruff: noqa
+# fmt: off
+"""Writes the sine-wave training set (numpy array) with torch.save, as the original did."""
+import numpy as np
+import torch
+
+np.random.seed(2)
+
+T = 20
+L = 100
+N = 12
+
+x = np.empty((N, L), 'int64')
+x[:] = np.array(range(L)) + np.random.randint(-4 * T, 4 * T, N).reshape(N, 1)
+data = np.sin(x / 1.0 / T).astype('float64')
+torch.save(data, open('traindata.pt', 'wb'))

@@ -1,0 +1,14 @@
+"""Writes the sine-wave training set (modernised: np.save of the numpy array)."""
+
+import numpy as np
+
+np.random.seed(2)
+
+T = 20
+L = 100
+N = 12
+
+x = np.empty((N, L), "int64")
+x[:] = np.array(range(L)) + np.random.randint(-4 * T, 4 * T, N).reshape(N, 1)
+data = np.sin(x / 1.0 / T).astype("float64")
+np.save("traindata.npy", data)
