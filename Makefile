@@ -43,8 +43,8 @@ dist: venv
 	$(VENV)/bin/twine check --strict $(DIST)/*
 	tar -tzf $(DIST)/*.tar.gz | sed 's|^[^/]*/||' | sort > build/sdist-files.txt
 	grep -qx LICENSE build/sdist-files.txt
-	$(PY) -m zipfile -l $(DIST)/*.whl | grep -q 'dist-info/licenses/LICENSE '
-	$(PY) -m zipfile -l $(DIST)/*.whl | grep -q 'safetorch/py.typed '
+	$(PY) -m zipfile -l $(DIST)/*.whl | grep 'dist-info/licenses/LICENSE ' > /dev/null
+	$(PY) -m zipfile -l $(DIST)/*.whl | grep 'safetorch/py.typed ' > /dev/null
 	if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then \
 	  git ls-files | grep -vx .gitignore | sort | comm -23 - build/sdist-files.txt > build/sdist-missing.txt; \
 	  test ! -s build/sdist-missing.txt || { echo "not in the sdist (MANIFEST.in):"; cat build/sdist-missing.txt; exit 1; }; \
