@@ -73,6 +73,7 @@ import torch
 
 from safetorch import _compat
 from safetorch.checkpoint import _trust, formats
+from safetorch.errors import CheckpointError
 
 __all__: List[str] = []  # private module
 
@@ -406,6 +407,24 @@ def _storage_type_ok(obj: Any) -> bool:
     if storage_type is not None and type(obj) is storage_type:
         return True
     return isinstance(obj, type) and obj in getattr(torch, "_storage_classes", ())
+
+
+def storage_nbytes(storage_type: Any, numel: int) -> int:
+    """The bytes a zip persistent id's storage claims: ``numel`` elements of its dtype (an
+    ``UntypedStorage`` counts bytes), as torch's ``persistent_load`` computes them."""
+    dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
+    return numel * torch.empty((), dtype=dtype).element_size()
+
+
+def check_storage_fits(name: str, key: str, nbytes: int, held: int) -> None:
+    """Refuse a storage that claims more bytes than its zip record ``key`` holds (``name``:
+    the file as shown in errors): torch before pytorch#165553, and torch's mapped path on
+    every release, would read the bytes after the record as tensor data."""
+    if nbytes < 0 or nbytes > held:
+        raise CheckpointError(
+            f"cannot load checkpoint {name}: storage {key!r} claims {nbytes} bytes but its zip "
+            f"record holds {held} (the file is truncated or corrupt)"
+        )
 
 
 def check_persistent_id(pid: Any) -> None:

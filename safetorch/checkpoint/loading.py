@@ -176,13 +176,9 @@ def _records_checked(module: Any, records: Mapping[str, int], name: str) -> Any:
         held = records.get(str(key))
         if held is None or type(numel) is not int:
             return  # a missing record: torch's reader names it
-        dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        if numel < 0 or nbytes > held:
-            raise CheckpointError(
-                f"cannot load checkpoint {name}: storage {str(key)!r} claims {nbytes} bytes "
-                f"but its zip record holds {held} (the file is truncated or corrupt)"
-            )
+        _unpickler.check_storage_fits(
+            name, str(key), _unpickler.storage_nbytes(storage_type, numel), held
+        )
 
     class Unpickler(base):  # type: ignore[valid-type, misc]  # a class of a pickle module
         @property

@@ -228,11 +228,7 @@ def _meta_pass(f: reader.RegularFile) -> Tuple[Any, Dict[int, _Where]]:
                 "zip archive"
             )
         data_offset, record_bytes = records[key]
-        if nbytes > record_bytes:
-            raise CheckpointError(
-                f"cannot load checkpoint {f.path!r}: storage {key!r} claims {nbytes} bytes but "
-                f"its zip record holds {record_bytes} (the file is truncated or corrupt)"
-            )
+        _unpickler.check_storage_fits(repr(f.path), key, nbytes, record_bytes)
         dtype = t.dtype
         size_t, stride_t = tuple(int(s) for s in size), tuple(int(s) for s in stride)
         first, end = _span(int(offset), size_t, stride_t)
@@ -273,7 +269,7 @@ def _meta_pass(f: reader.RegularFile) -> Tuple[Any, Dict[int, _Where]]:
         def persistent_load(self, pid: Any) -> Any:
             _, storage_type, key, _location, numel = pid[:5]
             dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
-            nbytes = numel * _element_size(dtype)
+            nbytes = _unpickler.storage_nbytes(storage_type, numel)
             for s, k, _n in storages.values():
                 if k == str(key):
                     return s  # the same storage again (tied weights)
