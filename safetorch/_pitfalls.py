@@ -24,7 +24,7 @@ class Pitfall(NamedTuple):
     id: str
     title: str
     problem: str
-    functions: Tuple[str, ...]  # "st.<name>" (exported) or "st.<subpackage>.<name>"
+    functions: Tuple[str, ...]  # "st.<name>" (dir(st)) or "st.<subpackage>.<name>"
     patch: Optional[str]  # the st.patch() family
     rules: Tuple[str, ...]  # safetorch check codes
     findings: Tuple[str, ...]  # runtime finding ids (Finding.rule) of lint_model/check_loader
@@ -69,7 +69,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "state-dict-of-wrapped-model",
         "Wrapper prefixes break loading",
         "DataParallel/DDP/compile/FSDP add module./_orig_mod./... to every key",
-        ("st.load_state_dict", "st.checkpoint.unwrap_model"),
+        ("st.load_state_dict", "st.unwrap_model"),
         "state_dict",
         ("ST011",),
         (),
@@ -164,12 +164,14 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "functional-dropout-without-training",
         "F.dropout stays on in eval mode",
         "F.dropout(x, p) in forward ignores model.eval() unless training=self.training",
-        ("st.lint_model",),
+        (),
         None,
         ("ST016",),
         (),
         "docs/check.md#rules",
         no_patch="F.dropout's training flag is the caller's; changing it would change training",
+        no_function="the fix is one keyword (training=self.training), written by safetorch check "
+        "--fix; no model check can see a functional call inside forward",
     ),
     Pitfall(
         "batch-not-pinnable",
@@ -224,7 +226,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "data-parallel",
         "nn.DataParallel",
         "slower than DDP and overloads cuda:0 with the gathered outputs",
-        ("st.nn.BalancedDataParallel", "st.checkpoint.unwrap_model"),
+        ("st.nn.BalancedDataParallel", "st.unwrap_model"),
         None,
         ("ST013",),
         (),

@@ -32,8 +32,8 @@ def _resolve(name: str) -> object:
         for part in rest.split("."):
             obj = getattr(obj, part)
         return obj
-    # the safe function itself (exported) or a whole subpackage (st.legacy)
-    assert head in st.__all__ or head in st._SUBMODULES, name
+    # the safe function itself (exported or a documented st.<name>) or a subpackage (st.legacy)
+    assert head in st.__all__ or head in st._HOME or head in st._SUBMODULES, name
     return getattr(st, head)
 
 
