@@ -59,10 +59,11 @@ _NAMES_BY_AREA: Dict[str, Tuple[str, ...]] = {
         *("load", "load_state_dict", "save_checkpoint", "CheckpointSaver"),
         *("save_state", "load_state"),
         *("unwrap_model", "canonical_key", "strip_wrapper_prefixes", "remap_state_dict"),
-        *("match_keys", "KeyMatch", "find_state_dict"),
+        *("match_keys", "KeyMatch", "find_state_dict", "LoadReport"),
     ),
     "nn": (
-        *("upsample", "upsample_nearest", "upsample_bilinear", "Upsample", "UpsamplingNearest2d"),
+        *("upsample", "upsample_nearest", "upsample_bilinear", "Upsample"),
+        *("UpsamplingNearest2d", "UpsamplingBilinear2d"),
         *("SyncBatchNorm", "convert_sync_batchnorm", "revert_sync_batchnorm"),
         *("register_sync_batchnorm_converter", "unregister_sync_batchnorm_converter"),
         *("lint_model", "recalibrate_bn", "eval_mode", "bn_report", "BNLayerStats"),
@@ -74,6 +75,9 @@ _NAMES_BY_AREA: Dict[str, Tuple[str, ...]] = {
     "errors": (
         *("SafetorchError", "SafetorchWarning", "CheckpointError", "UnsafeCheckpointError"),
         *("IndexOutOfBoundsError", "DeviceMismatchError", "DataWarning"),
+        *("CheckpointMismatchError", "CheckpointFormatError", "CheckpointFileNotFoundError"),
+        *("CheckpointFileObjectError", "CheckpointNotSeekableError", "CheckpointWarning"),
+        *("DistributedWarning", "ModelWarning", "PatchWarning"),
     ),
     "findings": ("Finding",),
 }
@@ -83,13 +87,6 @@ _HOME: Dict[str, str] = {n: area for area, names in _NAMES_BY_AREA.items() for n
 _SUBMODULES: Tuple[str, ...] = (
     *("check", "checkpoint", "data", "device", "errors", "findings"),
     *("legacy", "nn", "patching", "tensor", "timing"),
-)
-
-# The rest of the flat namespace of earlier releases: every other ``__all__`` name of these
-# areas still resolves as ``st.<name>`` at run time (old code keeps working), but is not listed
-# by dir() and is unknown to type checkers. An unknown name imports these areas before it fails.
-_FLAT_AREAS: Tuple[str, ...] = (
-    *("errors", "tensor", "device", "checkpoint", "nn", "data", "timing", "patching"),
 )
 
 if TYPE_CHECKING:
@@ -106,6 +103,7 @@ if TYPE_CHECKING:
     from . import timing as timing
     from .checkpoint import CheckpointSaver as CheckpointSaver
     from .checkpoint import KeyMatch as KeyMatch
+    from .checkpoint import LoadReport as LoadReport
     from .checkpoint import canonical_key as canonical_key
     from .checkpoint import find_state_dict as find_state_dict
     from .checkpoint import load as load
@@ -129,9 +127,18 @@ if TYPE_CHECKING:
     from .device import set_index_check as set_index_check
     from .device import to_device as to_device
     from .errors import CheckpointError as CheckpointError
+    from .errors import CheckpointFileNotFoundError as CheckpointFileNotFoundError
+    from .errors import CheckpointFileObjectError as CheckpointFileObjectError
+    from .errors import CheckpointFormatError as CheckpointFormatError
+    from .errors import CheckpointMismatchError as CheckpointMismatchError
+    from .errors import CheckpointNotSeekableError as CheckpointNotSeekableError
+    from .errors import CheckpointWarning as CheckpointWarning
     from .errors import DataWarning as DataWarning
     from .errors import DeviceMismatchError as DeviceMismatchError
+    from .errors import DistributedWarning as DistributedWarning
     from .errors import IndexOutOfBoundsError as IndexOutOfBoundsError
+    from .errors import ModelWarning as ModelWarning
+    from .errors import PatchWarning as PatchWarning
     from .errors import SafetorchError as SafetorchError
     from .errors import SafetorchWarning as SafetorchWarning
     from .errors import UnsafeCheckpointError as UnsafeCheckpointError
@@ -141,6 +148,7 @@ if TYPE_CHECKING:
     from .nn import PointwiseConv1d as PointwiseConv1d
     from .nn import SyncBatchNorm as SyncBatchNorm
     from .nn import Upsample as Upsample
+    from .nn import UpsamplingBilinear2d as UpsamplingBilinear2d
     from .nn import UpsamplingNearest2d as UpsamplingNearest2d
     from .nn import bn_report as bn_report
     from .nn import convert_sync_batchnorm as convert_sync_batchnorm
@@ -172,17 +180,6 @@ def _no_attribute(name: str) -> AttributeError:
     return AttributeError(f"module 'safetorch' has no attribute {name!r}")
 
 
-def _flat(name: str) -> Any:
-    """A name of the flat namespace of earlier releases: search the areas in order."""
-    for area in _FLAT_AREAS:
-        module = importlib.import_module(f"safetorch.{area}")
-        # getattr: an area that is still importing (a lookup made by its own imports) has no
-        # __all__ yet
-        if name in getattr(module, "__all__", ()):
-            return getattr(module, name)
-    raise _no_attribute(name)
-
-
 def _getattr(name: str) -> Any:
     # Only names that are not bound yet arrive here (PEP 562). Private names stay plain
     # AttributeErrors: that is how `from safetorch import _compat` falls back to importing the
@@ -192,13 +189,15 @@ def _getattr(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"safetorch.{name}")
     home = _HOME.get(name)
-    value = getattr(importlib.import_module(f"safetorch.{home}"), name) if home else _flat(name)
+    if home is None:
+        raise _no_attribute(name)
+    value = getattr(importlib.import_module(f"safetorch.{home}"), name)
     globals()[name] = value  # bound: the next access is a plain global lookup
     return value
 
 
 def __dir__() -> List[str]:
-    # The names of _HOME, the subpackages and the module's dunders (not the flat namespace).
+    # The names of _HOME, the subpackages and the module's dunders.
     dunders = (n for n in globals() if n.startswith("__") and n not in _HIDDEN_DUNDERS)
     return sorted({*_HOME, *_SUBMODULES, *dunders})
 

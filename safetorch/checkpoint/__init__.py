@@ -22,7 +22,8 @@ from safetorch.checkpoint.keys import (
 from safetorch.checkpoint.loading import MapToAvailable, load
 from safetorch.checkpoint.model_state import load_state_dict
 from safetorch.checkpoint.report import LoadReport
-from safetorch.checkpoint.saving import CheckpointSaver, save_checkpoint
+from safetorch.checkpoint.saver import CheckpointSaver
+from safetorch.checkpoint.saving import save_checkpoint
 from safetorch.checkpoint.state import load_state, save_state
 
 __all__: List[str] = [

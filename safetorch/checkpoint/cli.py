@@ -23,7 +23,6 @@ import contextlib
 import errno
 import fnmatch
 import importlib
-import inspect as _inspect
 import json
 import os
 import stat
@@ -51,7 +50,8 @@ import torch
 from safetorch import _compat
 from safetorch._atomic import atomic_write, atomic_write_dir
 from safetorch._cli import paint, say_error
-from safetorch.checkpoint import _unpickler, formats, layouts, reader
+from safetorch.checkpoint import _unpickler, dcp, formats, layouts, reader, torchfile
+from safetorch.checkpoint.formats import STATE_FORMAT
 from safetorch.checkpoint.keys import (
     _leading_prefixes,
     _wrapper_segments_in,
@@ -63,8 +63,10 @@ from safetorch.checkpoint.keys import (
     state_dict_keys,
 )
 from safetorch.checkpoint.loading import _torch_internals_quiet, load
-from safetorch.checkpoint.saving import _unwrapped, saver_checkpoint
-from safetorch.checkpoint.state import STATE_FORMAT
+from safetorch.checkpoint.model_state import load_state_dict
+from safetorch.checkpoint.saver import saver_checkpoint
+from safetorch.checkpoint.saving import _unwrapped
+from safetorch.checkpoint.verify import verify_checkpoint
 from safetorch.errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = [
@@ -264,7 +266,6 @@ def _meta_view(path: str) -> Any:
     the zip directory, every storage checked against its record), or ``None`` where the file
     needs ``st.load`` (legacy format, compressed records, other tensor kinds, allowed
     globals): ``inspect`` then costs the pickle, not the file's size."""
-    from safetorch.checkpoint import torchfile
 
     found = torchfile.TorchFile.open(path)
     if found is None:
@@ -552,7 +553,7 @@ def _read_source(src: str, allow: List[str], progress: _Progress) -> Any:
             flat.update(layout.read([k for k, _ in batch]))
             progress.advance(sum(layout._nbytes(k) for k, _ in batch))
         progress.finish()
-        return layouts.nest_flat_keys(flat, layout.paths())
+        return dcp.nest_flat_keys(flat, layout.paths())
     view = layout.meta_view()
     out: Dict[str, Any] = {}
     progress.start(sum(_nbytes(v) for v in view.values() if isinstance(v, torch.Tensor)), "reading")
@@ -1289,7 +1290,6 @@ def fit_checkpoint(
     >>> report.ok, report.mismatched[0]
     (False, ('weight', (2, 2), (3, 2)))
     """
-    from safetorch.checkpoint import model_state as _io
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
@@ -1300,8 +1300,6 @@ def fit_checkpoint(
     shadow = copy.deepcopy(model).to("meta")
     kwargs: Dict[str, Any] = {"strict": False, "key": key}
     if prefix is not None:
-        if "prefix" not in _inspect.signature(_io.load_state_dict).parameters:
-            raise ValueError("--prefix needs st.load_state_dict(prefix=), not in this build")
         kwargs["prefix"] = prefix
     with warnings.catch_warnings():
         # torch says each copy into a meta parameter is a no-op: that is the point here.
@@ -1311,9 +1309,9 @@ def fit_checkpoint(
         path = _saver_source(path) or path
         layout = layouts.resolve(path)
         if layout is not None and not isinstance(layout, layouts.FileLayout):
-            return _io.load_state_dict(shadow, path, **kwargs)  # matched on its meta view
+            return load_state_dict(shadow, path, **kwargs)  # matched on its meta view
         file = path if layout is None else layout.path
-        return _io.load_state_dict(shadow, load(file, allow=list(allow)), **kwargs)
+        return load_state_dict(shadow, load(file, allow=list(allow)), **kwargs)
 
 
 def _report_json(report: Any) -> Dict[str, Any]:
@@ -1678,7 +1676,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from safetorch.checkpoint.verify import verify_checkpoint
 
     allow_list(args.allow)  # validated as everywhere; verify unpickles nothing
     if not os.path.isdir(args.path):  # a directory (a CheckpointSaver's too): every file in it

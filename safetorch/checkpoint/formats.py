@@ -25,6 +25,8 @@ __all__: List[str] = []  # private: used by safetorch.checkpoint
 
 ZIP_MAGIC = b"PK\x03\x04"
 HEAD_BYTES = 512  # a tar header is 512 bytes; its "ustar" magic sits at offset 257
+# The marker of a st.save_state payload (its "__safetorch__" entry), read by every loader.
+STATE_FORMAT = "safetorch.state/1"
 
 
 def is_path(f: Any) -> bool:

@@ -30,6 +30,7 @@ import torch
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch.checkpoint import _trust, _unpickler, formats
+from safetorch.checkpoint.verify import check_file
 from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
@@ -524,8 +525,6 @@ def load(
     """
     if verify:
         _check_file_argument(f)
-        from safetorch.checkpoint.verify import check_file
-
         check_file(f)  # a file object's position is restored
     if isinstance(map_location, str) and map_location == "available":
         map_location = MapToAvailable()

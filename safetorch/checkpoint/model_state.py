@@ -27,6 +27,7 @@ from torch import nn
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch.checkpoint import layouts, reader, torchfile
+from safetorch.checkpoint.formats import STATE_FORMAT
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
     _remap_state_dict,
@@ -44,7 +45,6 @@ from safetorch.checkpoint.loading import (
     load_checked,
 )
 from safetorch.checkpoint.report import LoadReport, group_keys
-from safetorch.checkpoint.state import STATE_FORMAT
 from safetorch.errors import (
     CheckpointError,
     CheckpointMismatchError,

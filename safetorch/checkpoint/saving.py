@@ -1,24 +1,17 @@
-"""Saving: st.save_checkpoint (atomic, rank 0 only) and CheckpointSaver (best/last/top-k).
+"""Saving: st.save_checkpoint (atomic, rank 0 only); CheckpointSaver builds on it (saver.py).
 
 torch's ``torch.save`` is captured at import (``_torch_save``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import math
 import os
-import re
 from typing import (
     Any,
     Callable,
-    Dict,
-    List,
     Mapping,
     Optional,
-    Tuple,
 )
 
 import torch
@@ -26,16 +19,13 @@ from torch import nn
 
 from safetorch import _dist
 from safetorch._atomic import atomic_write
-from safetorch.checkpoint.keys import (
-    strip_wrapper_prefixes,
-    unwrap_model,
-)
+from safetorch.checkpoint.keys import is_state_dict, strip_wrapper_prefixes, unwrap_model
 from safetorch.checkpoint.loading import PathLike, _first_line, _torch_internals_quiet
 from safetorch.errors import (
     CheckpointError,
 )
 
-__all__ = ["save_checkpoint", "CheckpointSaver", "on_rank0", "saver_checkpoint"]
+__all__ = ["save_checkpoint", "on_rank0"]
 
 logger = logging.getLogger("safetorch")
 _torch_save = torch.save
@@ -76,8 +66,6 @@ def _unwrapped(obj: Any) -> Any:
     if isinstance(obj, nn.Module):
         return strip_wrapper_prefixes(unwrap_model(obj).state_dict())
     if isinstance(obj, Mapping):
-        from safetorch.checkpoint.keys import is_state_dict
-
         if is_state_dict(obj):
             return strip_wrapper_prefixes(obj)
         return (
@@ -137,363 +125,3 @@ def _link_or_copy(src: str, dst: str) -> None:
             shutil.copyfile(src, tmp)
 
     atomic_write(dst, write)
-
-
-class CheckpointSaver:
-    """Keep ``last.pt`` and ``best.pt`` (``save``), or resumable top-k/history states
-    (``save_state``/``resume``), each written atomically; one of the two per directory.
-
-    ``save(state, epoch=, metric=)`` writes ``last.pt`` every time and ``best.pt`` when the
-    metric improves; ``state`` is your own dict, which ``resume()`` cannot restore (load it
-    with ``st.load``/``st.load_state_dict``). ``save_state(epoch=, metric=, **objects)`` writes a full
-    :func:`safetorch.save_state` checkpoint (``state-<epoch>.pt``, or a DCP directory for a
-    sharded model under a process group), keeps the ``top_k`` best by metric, the
-    ``max_history`` most recent and the last one, and deletes the rest; ``resume(**objects)``
-    restores the latest complete one. ``checkpoints.json`` records epoch, metric and file of
-    each and is read back on construction, so a resumed run keeps comparing against the best
-    metric so far. Every file is complete at every instant (temp file + rename), so a kill at
-    any point leaves the previous checkpoints loadable. A directory holds the checkpoints of
-    ``save()`` or of ``save_state()``, never both: mixing them (or ``top_k``/``max_history``
-    other than 1 with ``save()``, or ``resume()`` in a ``save()`` directory) raises at once.
-
-    Args:
-        directory: where the files live (created if missing).
-        mode: ``"min"`` (lower metric is better, e.g. loss) or ``"max"`` (e.g. accuracy).
-        unwrap: passed to :func:`save_checkpoint` by ``save``.
-        top_k: how many best ``save_state`` checkpoints to keep (by metric); ``save()`` keeps
-            one (``best.pt``) and refuses any other value.
-        max_history: how many most recent ``save_state`` checkpoints to keep besides them;
-            ``save()`` keeps one (``last.pt``) and refuses any other value.
-        last_name, best_name, index_name: file names inside ``directory``.
-
-    Raises:
-        ValueError: ``mode`` is neither ``"min"`` nor ``"max"``, or ``top_k``/``max_history``
-            is negative.
-
-    >>> import os, tempfile, torch, safetorch as st
-    >>> run = tempfile.mkdtemp()
-    >>> saver = st.CheckpointSaver(os.path.join(run, "weights"), mode="max")
-    >>> net = torch.nn.Linear(2, 2)
-    >>> saver.save({"model": net.state_dict()}, epoch=0, metric=0.5)
-    True
-    >>> saver.save({"model": net.state_dict()}, epoch=1, metric=0.4)
-    False
-    >>> saver.best_epoch, saver.best_metric
-    (0, 0.5)
-    >>> states = st.CheckpointSaver(os.path.join(run, "states"), mode="max", top_k=2)
-    >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    >>> states.save_state(epoch=1, metric=0.6, model=net, optimizer=opt)
-    True
-    >>> states.resume(model=net, optimizer=opt)
-    {'epoch': 1, 'metric': 0.6}
-    """
-
-    def __init__(
-        self,
-        directory: PathLike,
-        *,
-        mode: str = "min",
-        unwrap: bool = False,
-        top_k: int = 1,
-        max_history: int = 1,
-        last_name: str = "last.pt",
-        best_name: str = "best.pt",
-        index_name: str = "checkpoints.json",
-    ) -> None:
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode={mode!r}; expected 'min' (e.g. loss) or 'max' (e.g. accuracy)")
-        for label, value in (("top_k", top_k), ("max_history", max_history)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{label}={value!r}; expected an int >= 0")
-        self.directory = os.path.abspath(os.fspath(directory))
-        self.mode = mode
-        self.unwrap = unwrap
-        self.top_k = top_k
-        self.max_history = max_history
-        self.last_path = os.path.join(self.directory, last_name)
-        self.best_path = os.path.join(self.directory, best_name)
-        self.index_path = os.path.join(self.directory, index_name)
-        # Under torch.distributed rank 0 reads and broadcasts: construct on every rank.
-        self.index: Dict[str, Any] = on_rank0(self._read_index)
-
-    def _read_index(self) -> Dict[str, Any]:
-        os.makedirs(self.directory, exist_ok=True)
-        try:
-            with open(self.index_path, encoding="utf-8") as fh:
-                index = json.load(fh)
-        except FileNotFoundError:
-            return {"mode": self.mode, "last": None, "best": None}
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(
-                f"cannot read the checkpoint index {self.index_path!r}: {exc}; delete it to "
-                "start a fresh index"
-            ) from None
-        if index.get("mode") != self.mode:
-            raise ValueError(
-                f"{self.index_path!r} was written with mode={index.get('mode')!r}, "
-                f"not mode={self.mode!r}"
-            )
-        return index
-
-    def _write_index(self, index: Dict[str, Any]) -> None:
-        text = json.dumps(index, indent=2, sort_keys=True)
-
-        def write_index(tmp: str) -> None:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text)
-
-        atomic_write(self.index_path, write_index)
-
-    @property
-    def best_metric(self) -> Optional[float]:
-        """The best metric saved so far (``None`` before the first save)."""
-        return self.index["best"]["metric"] if self.index.get("best") else None
-
-    @property
-    def best_epoch(self) -> Optional[int]:
-        """The epoch of the best checkpoint (``None`` before the first save)."""
-        return self.index["best"]["epoch"] if self.index.get("best") else None
-
-    @property
-    def last_epoch(self) -> Optional[int]:
-        """The epoch of the last checkpoint; resume from ``last_epoch + 1``."""
-        return self.index["last"]["epoch"] if self.index.get("last") else None
-
-    @property
-    def kept(self) -> List[str]:
-        """Paths of the ``save_state`` checkpoints kept now, oldest first."""
-        return [os.path.join(self.directory, e["file"]) for e in self.index.get("states", [])]
-
-    def is_better(self, metric: float) -> bool:
-        """Whether ``metric`` improves on the best so far (NaN never does)."""
-        if math.isnan(metric):
-            return False
-        best = self.best_metric
-        if best is None:
-            return True
-        return metric < best if self.mode == "min" else metric > best
-
-    @staticmethod
-    def _value(metric: Any) -> Optional[float]:
-        if metric is None:
-            return None
-        return float(metric.item() if isinstance(metric, torch.Tensor) else metric)
-
-    def save(self, state: Any, *, epoch: int, metric: Any) -> bool:
-        """Write ``last.pt``, and ``best.pt`` if ``metric`` improved; update the index.
-
-        Args:
-            state: what to save (e.g. ``{"model": ..., "optimizer": ..., "epoch": ...}``).
-            epoch: the epoch number recorded in the index.
-            metric: a number or a 0-dim tensor (``.item()`` is called here).
-
-        Returns:
-            True when ``best.pt`` was rewritten.
-
-        Raises:
-            ValueError: the directory holds ``save_state()`` checkpoints, or ``top_k`` /
-                ``max_history`` is not 1 (they apply to ``save_state()``).
-        """
-        if (self.top_k, self.max_history) != (1, 1):
-            raise ValueError(
-                f"CheckpointSaver(top_k={self.top_k}, max_history={self.max_history}).save(): "
-                "save() keeps one last.pt and one best.pt; top_k= and max_history= apply to "
-                "save_state() checkpoints. Call save_state(epoch=, metric=, **objects) to keep "
-                "them, or construct the saver without top_k=/max_history="
-            )
-        if self._holds() == "save_state":
-            raise ValueError(
-                f"CheckpointSaver({self.directory!r}) holds save_state() checkpoints; save() "
-                "writes last.pt/best.pt of your own dict, which resume() cannot restore. Use "
-                "one of them per directory: keep calling save_state(epoch=, metric=, "
-                "**objects), or give save() a directory of its own"
-            )
-        value = self._value(metric)
-        assert value is not None
-        entry = {"epoch": int(epoch), "metric": value}
-
-        def write() -> Tuple[Dict[str, Any], bool]:
-            improved = self.is_better(value)
-            _save_local(state, self.last_path, self.unwrap)
-            index = dict(self.index)
-            index["last"] = dict(entry, file=os.path.basename(self.last_path))
-            if improved:
-                _link_or_copy(self.last_path, self.best_path)
-                index["best"] = dict(entry, file=os.path.basename(self.best_path))
-            self._write_index(index)
-            return index, improved
-
-        # Rank 0 decides and writes; every rank gets its index and verdict.
-        self.index, improved = on_rank0(write)
-        return bool(improved)
-
-    def save_state(self, *, epoch: int, metric: Any = None, **objects: Any) -> bool:
-        """Save a full resumable state (:func:`safetorch.save_state`) for ``epoch``.
-
-        Call it on every rank. Keeps the ``top_k`` best by ``metric``, the ``max_history``
-        most recent and the newest; older ones are deleted after the new one is complete.
-
-        Args:
-            epoch: the epoch number (the file is ``state-<epoch>.pt``).
-            metric: a number or 0-dim tensor; ``None`` when there is none (never "best").
-            **objects: what :func:`safetorch.save_state` takes (models, optimizers, values).
-
-        Returns:
-            True when this checkpoint is the best so far.
-
-        Raises:
-            ValueError: the directory holds ``save()`` checkpoints (``last.pt``/``best.pt``).
-        """
-        from safetorch.checkpoint.state import save_state
-
-        if self._holds() == "save":
-            raise ValueError(
-                f"CheckpointSaver({self.directory!r}) holds {os.path.basename(self.last_path)} "
-                "written by save(); save_state() checkpoints go to a directory of their own "
-                "(resume() restores only those): construct a CheckpointSaver on another "
-                "directory for save_state(), or keep calling save()"
-            )
-
-        value = self._value(metric)
-        name = f"state-{int(epoch):06d}.pt"
-        save_state(os.path.join(self.directory, name), **objects, epoch=int(epoch), metric=value)
-        entry = {"epoch": int(epoch), "metric": value, "file": name}
-
-        def update() -> Tuple[Dict[str, Any], bool]:
-            improved = value is not None and self.is_better(value)
-            index = dict(self.index)
-            states = [e for e in index.get("states", []) if e["file"] != name] + [entry]
-            index["last"] = entry
-            if improved:
-                index["best"] = entry
-            keep = {name}
-            scored = [e for e in states if e["metric"] is not None and not math.isnan(e["metric"])]
-            scored.sort(key=lambda e: e["metric"], reverse=self.mode == "max")
-            keep.update(e["file"] for e in scored[: self.top_k])
-            by_epoch = sorted(states, key=lambda e: e["epoch"])
-            keep.update(e["file"] for e in by_epoch[len(by_epoch) - self.max_history :])
-            if index.get("best"):
-                keep.add(index["best"]["file"])
-            index["states"] = [e for e in by_epoch if e["file"] in keep]
-            self._write_index(index)  # the index first: it never names a deleted file
-            for e in by_epoch:
-                if e["file"] not in keep:
-                    _remove(os.path.join(self.directory, e["file"]))
-            return index, improved
-
-        self.index, improved = on_rank0(update)
-        return bool(improved)
-
-    def resume(self, **objects: Any) -> Optional[Dict[str, Any]]:
-        """Restore the latest complete ``save_state`` checkpoint into ``objects``.
-
-        The directory is scanned (not only the index), so a checkpoint written just before a
-        crash that left the index behind is found too.
-
-        Returns:
-            The values it holds (``epoch``, ``metric`` and any saved values), or ``None`` when
-            the directory holds no checkpoint at all (a fresh start).
-
-        Raises:
-            CheckpointError: the directory holds ``save()`` checkpoints (``last.pt``), which
-                are not resumable states (a ``CheckpointError`` from :func:`load_state` too).
-        """
-        from safetorch.checkpoint.state import latest_complete, load_state
-
-        def find() -> Tuple[Optional[str], bool]:
-            path = latest_complete(self.directory, _state_names(self.directory))
-            return path, path is None and self._holds() == "save"
-
-        path, by_save = on_rank0(find)
-        if by_save:
-            raise CheckpointError(
-                f"{self.directory!r} holds {os.path.basename(self.last_path)} written by "
-                "CheckpointSaver.save(), not a save_state() checkpoint; resume() restores only "
-                "save_state() checkpoints (objects, values and RNG). Load the file with "
-                "st.load(path) or st.load_state_dict(model, path), or save with "
-                "saver.save_state(epoch=, metric=, model=, optimizer=) to resume"
-            )
-        if path is None:
-            return None
-        return load_state(path, **objects)
-
-    def _holds(self) -> Optional[str]:
-        """``"save"`` or ``"save_state"``: whose checkpoints the directory holds (by the index,
-        else by the files there); ``None`` for an empty directory."""
-        last = self.index.get("last")
-        if self.index.get("states") or (
-            isinstance(last, dict) and _STATE_FILE.fullmatch(str(last.get("file")))
-        ):
-            return "save_state"
-        if last or os.path.exists(self.last_path):
-            return "save"
-        return "save_state" if _state_names(self.directory) else None
-
-
-_STATE_FILE = re.compile(r"state-\d+\.pt")
-INDEX_NAME = "checkpoints.json"
-
-
-def _state_names(directory: str) -> List[str]:
-    """The ``save_state`` checkpoints (``state-<epoch>.pt``) in ``directory``, newest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted((n for n in names if _STATE_FILE.fullmatch(n)), reverse=True)
-
-
-def saver_checkpoint(
-    directory: PathLike, index_name: str = INDEX_NAME
-) -> Optional[Tuple[str, str]]:
-    """The checkpoint a ``CheckpointSaver`` directory stands for, and what it is.
-
-    The newest complete ``save_state`` checkpoint (the one :meth:`CheckpointSaver.resume`
-    restores), else, in a directory of :meth:`CheckpointSaver.save`, the last checkpoint its
-    index names (resolved inside the directory by the checkpoint reader). ``safetorch ckpt``
-    reads a saver directory through this.
-
-    Returns:
-        ``(path, description)``, or ``None`` when ``directory`` is not a ``CheckpointSaver``
-        directory (no index, no ``state-<epoch>.pt``).
-
-    Raises:
-        CheckpointError: the index is unreadable, or the directory holds no checkpoint yet.
-
-    >>> import tempfile, torch, safetorch as st
-    >>> saver = st.CheckpointSaver(tempfile.mkdtemp())
-    >>> _ = saver.save({"w": torch.ones(1)}, epoch=3, metric=0.5)
-    >>> path, what = saver_checkpoint(saver.directory)
-    >>> os.path.basename(path), what
-    ('last.pt', 'last checkpoint of CheckpointSaver.save (epoch 3)')
-    """
-    from safetorch.checkpoint import reader
-    from safetorch.checkpoint.state import latest_complete
-
-    root = os.path.abspath(os.fsdecode(os.fspath(directory)))
-    names = _state_names(root)
-    index_path = os.path.join(root, index_name)
-    if not names and not os.path.isfile(index_path):
-        return None
-    path = latest_complete(root, names)
-    if path is not None:
-        return path, "newest save_state checkpoint (CheckpointSaver.resume restores it)"
-    index = reader.read_json(index_path, "CheckpointSaver index")
-    last = index.get("last") if isinstance(index, dict) else None
-    if not isinstance(last, dict) or last.get("file") is None:
-        raise CheckpointError(
-            f"{root!r} is a CheckpointSaver directory that holds no complete checkpoint yet "
-            f"({index_name} names none)"
-        )
-    path = reader.Root(root).resolve(last["file"], "checkpoint")
-    return path, f"last checkpoint of CheckpointSaver.save (epoch {last.get('epoch')})"
-
-
-def _remove(path: str) -> None:
-    import shutil
-
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)

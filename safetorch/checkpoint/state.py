@@ -40,18 +40,21 @@ import torch
 from torch import nn
 
 from safetorch import _atomic
-from safetorch.checkpoint import layouts
+from safetorch.checkpoint import dcp, layouts
+from safetorch.checkpoint.formats import STATE_FORMAT
+from safetorch.checkpoint.loading import load
+from safetorch.checkpoint.model_state import load_state_dict
 
 # capture_rng / restore_rng live in safetorch.checkpoint.rng and stay importable from here.
 from safetorch.checkpoint.rng import RNGState, apply_rng, capture_rng, check_rng_table
 from safetorch.checkpoint.rng import restore_rng as restore_rng
+from safetorch.checkpoint.saving import _unwrapped, save_checkpoint
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError, CheckpointMismatchError
 
 __all__ = ["save_state", "load_state"]
 
 _log = logging.getLogger("safetorch")
 
-STATE_FORMAT = "safetorch.state/1"
 _RESERVED = ("__safetorch__", "rng", "extras")
 
 
@@ -169,7 +172,6 @@ def save_state(path: Any, /, **objects: Any) -> str:
     rng = {str(r): s for r, s in enumerate(_all_gather(capture_rng()))}
     if _dist() is not None and any(_is_sharded(m) for m in models.values()):
         return _save_dcp(os.path.abspath(os.fspath(path)), objects, models, rng)
-    from safetorch.checkpoint.saving import _unwrapped, save_checkpoint
 
     states: Dict[str, Any] = {}
     extras: Dict[str, Any] = {}
@@ -235,7 +237,6 @@ def _as_bytes_tensor(obj: Any) -> torch.Tensor:
 
 
 def _from_bytes_tensor(t: torch.Tensor) -> Any:
-    from safetorch.checkpoint.io import load
 
     return load(io.BytesIO(t.numpy().tobytes()))
 
@@ -275,11 +276,10 @@ def load_state(path: Any, /, **objects: Any) -> Dict[str, Any]:
     """
     _check_names(objects)
     p = os.fsdecode(os.fspath(path))
-    if os.path.isdir(p) and os.path.exists(os.path.join(p, layouts.DCP_METADATA)):
+    if os.path.isdir(p) and os.path.exists(os.path.join(p, dcp.DCP_METADATA)):
         return _load_dcp(p, objects)
     if not os.path.exists(p):
         raise CheckpointFileNotFoundError(f"state checkpoint {p!r} does not exist")
-    from safetorch.checkpoint.io import load, load_state_dict
 
     saved = load(p)
     if not isinstance(saved, Mapping) or saved.get("__safetorch__") != STATE_FORMAT:
@@ -440,24 +440,6 @@ class _Undo:
             raise
 
 
-def _safe_planner() -> Any:
-    """A DefaultLoadPlanner whose byte entries load weights-only (st.load) rather than through
-    DCP's own ``torch.load(weights_only=False)``."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
-    class SafeLoadPlanner(DefaultLoadPlanner):
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            from safetorch.checkpoint.io import load
-
-            obj = load(value)  # weights-only; refuses anything else
-            clean = io.BytesIO()
-            torch.save(obj, clean)  # what DCP's own path then unpickles is benign
-            clean.seek(0)
-            super().load_bytes(read_item, clean)
-
-    return SafeLoadPlanner()
-
-
 def _blob_size(path: str, name: str, entry: Any) -> Any:
     """The size of a byte-tensor entry (an object's or the RNG/extras blob) from DCP metadata:
     a 1-D uint8 tensor, as :func:`_as_bytes_tensor` saves it."""
@@ -479,7 +461,7 @@ def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
         set_optimizer_state_dict,
     )
 
-    metadata = layouts.read_dcp_metadata(path)
+    metadata = dcp.read_dcp_metadata(path)
     entries = getattr(metadata, "state_dict_metadata", None)
     if not isinstance(entries, Mapping):
         raise CheckpointError(f"{path!r}: the DCP metadata holds no state_dict_metadata mapping")
@@ -520,7 +502,7 @@ def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
                 state[name] = get_model_state_dict(obj)
             elif kind == "optimizer":
                 state[name] = get_optimizer_state_dict(_model_of(obj, models), obj)
-        layouts.dcp_load(state, path, planner=_safe_planner())
+        layouts.dcp_load(state, path, planner=layouts.safe_planner())
         blob = _decode(path, "__safetorch__", state["__safetorch__"])
         if not isinstance(blob, Mapping) or blob.get("format") != STATE_FORMAT:
             raise CheckpointError(
@@ -559,7 +541,7 @@ def latest_complete(directory: str, names: List[str]) -> Optional[str]:
     CheckpointSaver.resume): a file that opens, or a DCP directory with its .metadata."""
     for name in names:
         p = os.path.join(directory, name)
-        if os.path.isdir(p) and os.path.exists(os.path.join(p, layouts.DCP_METADATA)):
+        if os.path.isdir(p) and os.path.exists(os.path.join(p, dcp.DCP_METADATA)):
             return p
         if os.path.isfile(p) and os.path.getsize(p) > 0:
             return p

@@ -25,7 +25,7 @@ import zipfile
 import zlib
 from typing import IO, Any, Dict, List, Optional, Tuple, cast
 
-from safetorch.checkpoint import formats, reader
+from safetorch.checkpoint import dcp, formats, reader
 from safetorch.errors import CheckpointError, CheckpointFileObjectError
 
 __all__ = ["VerifyReport", "verify_file", "verify_checkpoint", "check_file"]
@@ -328,11 +328,9 @@ def _verify_dcp_metadata(directory: str, report: VerifyReport) -> None:
     """A DCP directory: ``.metadata`` read (restricted) and checked against its files, as a
     load checks it: every record inside its ``.distcp`` file, every tensor's chunks covering
     it. The ``.distcp`` bytes themselves carry no checksum."""
-    from safetorch.checkpoint import layouts  # a later pipeline stage: imported on use
-
     report.format = "dcp"
     try:
-        layouts.dcp_metadata(directory)
+        dcp.dcp_metadata(directory)
     except CheckpointError as exc:
         report.problems.append(f".metadata: {' '.join(str(exc).split())}")
         return

@@ -12,7 +12,7 @@ import torch
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.checkpoint import layouts
+from safetorch.checkpoint import dcp
 
 needs_dcp = pytest.mark.skipif(
     not _compat.HAS_DCP, reason="torch.distributed.checkpoint is public from torch 2.0"
@@ -169,8 +169,8 @@ def test_strict_mismatch_on_a_layout_touches_nothing(tmp_path):
 
 def test_nest_flat_keys():
     t = torch.zeros(1)
-    assert layouts.nest_flat_keys({"a.b": t, "c": t}) == {"a.b": t, "c": t}
-    assert layouts.nest_flat_keys({"model.0.w": t, "epoch": "<bytes>"}) == {
+    assert dcp.nest_flat_keys({"a.b": t, "c": t}) == {"a.b": t, "c": t}
+    assert dcp.nest_flat_keys({"model.0.w": t, "epoch": "<bytes>"}) == {
         "model": {"0.w": t},
         "epoch": "<bytes>",
     }

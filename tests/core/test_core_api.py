@@ -24,17 +24,20 @@ _AREAS = ("errors", "tensor", "device", "checkpoint", "nn", "data", "timing", "p
 def test_the_exported_surface_is_small() -> None:
     # Issue 16: about 25 names -- the safe functions and classes, the patch API, errors and
     # warnings. Plumbing stays importable from its subpackage; dir(st) also lists the plumbing
-    # the docs write as st.<name> (tests/core/test_core_readme.py), and every other flat name
-    # of earlier releases still resolves as st.<name>.
+    # the docs write as st.<name> (tests/core/test_core_readme.py); nothing else resolves as
+    # st.<name> (no release was made of the flat namespace of 0.1.0.dev0).
     assert 20 <= len(st.__all__) <= 30, st.__all__
     assert {"load", "load_state_dict", "checked_index", "patch", "SafetorchError"} <= set(
         st.__all__
     )
     for name in ("match_keys", "canonical_key", "raise_deferred", "BNLayerStats", "benchmark"):
         assert name not in st.__all__ and name in dir(st)  # taught by the docs
-    for name in ("LoadReport", "MapToAvailable", "loader_to_iterate", "CheckpointWarning"):
-        assert name not in st.__all__ and name not in dir(st)
-        assert getattr(st, name) is not None  # the flat name of earlier releases still resolves
+    for name in ("LoadReport", "CheckpointWarning"):
+        assert name not in st.__all__ and name in dir(st)  # taught by the docs
+    for name in ("MapToAvailable", "loader_to_iterate", "on_rank0"):
+        assert name not in dir(st)
+        with pytest.raises(AttributeError, match=f"no attribute '{name}'"):
+            getattr(st, name)  # plumbing only through its subpackage
     assert st.checkpoint.match_keys is st.match_keys
     assert st.checkpoint.LoadReport is st.LoadReport
     namespace: dict = {}
