@@ -542,29 +542,20 @@ def read_source(
 def _read_source(src: str, allow: List[str], progress: _Progress) -> Any:
     src = _saver_source(src) or src
     layout = layouts.resolve(src)
-    if layout is None or isinstance(layout, layouts.FileLayout):
-        return _load_file(src if layout is None else layout.path, allow, progress)
-    if isinstance(layout, layouts.DCPDirectory):
-        entries = list(layout.metadata.state_dict_metadata)
-        progress.start(sum(map(layout._nbytes, entries)), "reading")
-        flat: Dict[str, Any] = {}
-        pairs = [(k, k) for k in entries]
-        for batch in layouts._batches(pairs, layout._nbytes):  # a bar that moves, batch by batch
-            flat.update(layout.read([k for k, _ in batch]))
-            progress.advance(sum(layout._nbytes(k) for k, _ in batch))
-        progress.finish()
-        return dcp.nest_flat_keys(flat, layout.paths())
-    view = layout.meta_view()
+    if isinstance(layout, layouts.FileLayout):
+        return _load_file(layout.path, allow, progress)
+    dcp_dir = layout if isinstance(layout, layouts.DCPDirectory) else None
+    # DCP: every flat entry, nested again by DCP's own paths; others: the meta view's keys.
+    keys = list(dcp_dir.metadata.state_dict_metadata if dcp_dir else layout.meta_view())
+    progress.start(sum(map(layout.nbytes, keys)), "reading")
     out: Dict[str, Any] = {}
-    progress.start(sum(_nbytes(v) for v in view.values() if isinstance(v, torch.Tensor)), "reading")
-
-    def keep(batch: Dict[str, Any]) -> None:
+    for batch in layout.batches([(k, k) for k in keys]):  # a bar that moves, batch by batch
         out.update(batch)
-        progress.advance(sum(_nbytes(v) for v in batch.values() if isinstance(v, torch.Tensor)))
-
-    layout.load_into(torch.nn.Module(), [(k, k) for k in view], keep)
+        progress.advance(sum(map(layout.nbytes, batch)))
     progress.finish()
-    return {k: out[k] for k in view}
+    if dcp_dir:
+        return dcp.nest_flat_keys(out, dcp_dir.paths())
+    return {k: out[k] for k in keys}
 
 
 def _for_safetensors(state_dict: Mapping[str, Any]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
@@ -1308,10 +1299,9 @@ def fit_checkpoint(
         warnings.filterwarnings("ignore", message=r"load_state_dict\(strict=False\) left")
         path = _saver_source(path) or path
         layout = layouts.resolve(path)
-        if layout is not None and not isinstance(layout, layouts.FileLayout):
+        if not isinstance(layout, layouts.FileLayout):
             return load_state_dict(shadow, path, **kwargs)  # matched on its meta view
-        file = path if layout is None else layout.path
-        return load_state_dict(shadow, load(file, allow=list(allow)), **kwargs)
+        return load_state_dict(shadow, load(layout.path, allow=list(allow)), **kwargs)
 
 
 def _report_json(report: Any) -> Dict[str, Any]:

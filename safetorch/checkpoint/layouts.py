@@ -34,6 +34,7 @@ import torch
 from safetorch import _compat
 from safetorch._atomic import atomic_write, atomic_write_dir, atomic_write_text
 from safetorch.checkpoint import reader
+from safetorch.checkpoint.apply import Destination
 from safetorch.checkpoint.dcp import (
     DCP_METADATA,
     BytesEntry,
@@ -93,22 +94,23 @@ class Layout:
         """The values of the full source ``keys``, read into CPU memory."""
         raise NotImplementedError
 
-    def load_into(
-        self,
-        model: torch.nn.Module,
-        pairs: List[Tuple[str, str]],
-        apply: Callable[[Dict[str, Any]], None],
-        direct: Optional[Mapping[str, torch.Tensor]] = None,
-    ) -> None:
-        """Read the source keys of ``pairs`` (``(target_key, full_source_key)``) and hand
-        ``{target_key: value}`` batches to ``apply`` (``Module.load_state_dict``: ``assign=``
-        and load hooks honoured), about ``_BATCH_BYTES`` at a time. ``direct`` names targets
-        whose bytes a layout may read straight into (see ``model_state._direct_targets``)."""
-        for batch in _batches(pairs, self._nbytes):
+    def batches(self, pairs: List[Tuple[str, str]]) -> Iterator[Dict[str, Any]]:
+        """``{target_key: value}`` for ``pairs`` (``(target_key, full_source_key)``), read
+        about ``_BATCH_BYTES`` at a time."""
+        for batch in _batches(pairs, self.nbytes):
             values = self.read([s for _, s in batch])
-            apply({t: values[s] for t, s in batch})
+            yield {t: values[s] for t, s in batch}
 
-    def _nbytes(self, key: str) -> int:
+    def load_into(self, pairs: List[Tuple[str, str]], dest: Destination) -> None:
+        """Load the source keys of ``pairs`` into ``dest`` (the apply stage): every value
+        through ``dest.apply`` (torch's ``Module.load_state_dict``: ``assign=`` and load hooks
+        honoured), in batches; a layout that can write bytes straight into ``dest.direct``
+        targets does so and records it with ``dest.wrote``."""
+        for batch in self.batches(pairs):
+            dest.apply(batch)
+
+    def nbytes(self, key: str) -> int:
+        """The bytes of source ``key``'s tensor (0 where unknown): the batching measure."""
         return 0
 
     def files(self) -> List[str]:
@@ -242,16 +244,10 @@ class ShardedIndex(Layout):
         self._check_shards()
         return {key: self._meta[key] for key in self.weight_map}
 
-    def load_into(
-        self,
-        model: torch.nn.Module,
-        pairs: List[Tuple[str, str]],
-        apply: Callable[[Dict[str, Any]], None],
-        direct: Optional[Mapping[str, torch.Tensor]] = None,
-    ) -> None:
-        """Safetensors tensors go straight into ``direct`` targets with ``pread`` (one copy);
-        everything else through ``apply``."""
-        direct = direct or {}
+    def load_into(self, pairs: List[Tuple[str, str]], dest: Destination) -> None:
+        """Safetensors tensors go straight into ``dest.direct`` targets with ``pread`` (one
+        copy); everything else through ``dest.apply``."""
+        direct = dest.direct
         self._check_shards()
         rest: List[Tuple[str, str]] = []
         by_shard: Dict[str, List[Tuple[str, str]]] = collections.defaultdict(list)
@@ -265,11 +261,13 @@ class ShardedIndex(Layout):
             header = self._headers[shard]
             with reader.open_regular(shard, "shard", expect=self._identity[shard]) as f:
                 for target, source in items:
-                    if not header.read_into(f, source, direct[target]):
+                    if header.read_into(f, source, direct[target]):
+                        dest.wrote((target,))
+                    else:
                         rest.append((target, source))
-        super().load_into(model, rest, apply)
+        super().load_into(rest, dest)
 
-    def _nbytes(self, key: str) -> int:
+    def nbytes(self, key: str) -> int:
         t = self._meta.get(key)
         return 0 if t is None else t.numel() * t.element_size()
 
@@ -533,7 +531,7 @@ class DCPDirectory(Layout):
     def meta_view(self) -> Any:
         return nest_flat_keys(self.flat_meta(), self.paths())
 
-    def _nbytes(self, key: str) -> int:
+    def nbytes(self, key: str) -> int:
         md = self.metadata.state_dict_metadata.get(key)
         size = getattr(md, "size", None)
         if not isinstance(size, torch.Size):
@@ -598,16 +596,14 @@ class DCPDirectory(Layout):
             out[key] = nest_flat_keys({k: values[k] for k in flat}, rel)
         return out
 
-    def load_into(
-        self,
-        model: torch.nn.Module,
-        pairs: List[Tuple[str, str]],
-        apply: Callable[[Dict[str, Any]], None],
-        direct: Optional[Mapping[str, torch.Tensor]] = None,
-    ) -> None:
+    def load_into(self, pairs: List[Tuple[str, str]], dest: Destination) -> None:
+        """Through DCP itself: DTensor (FSDP2) targets resharded by DCP, in place where
+        ``dest.in_place`` (no load hook, no ``assign=``), else into fresh DTensors of the same
+        placement handed to ``dest.apply``; plain ``dest.direct`` targets filled record by
+        record; everything else read and applied in batches."""
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        targets = model.state_dict(keep_vars=True)
+        targets = dest.targets
         entries = self.metadata.state_dict_metadata
         refused = [
             s
@@ -621,18 +617,30 @@ class DCPDirectory(Layout):
                 "checkpoint stores pickled objects where the model has tensors (DCP would "
                 "unpickle them with weights_only=False); nothing was executed or loaded"
             )
-        sharded = [(t, s) for t, s in pairs if type(targets[t]).__name__ == "DTensor"]
-        if sharded:
-            # In place into DTensor shards: DCP reads and reshards each chunk into its
-            # destination (load hooks do not run for these; the values are DCP's).
-            dest = {s: targets[t].detach() for t, s in sharded}
-            dcp_load(dest, self.path, checked=self.checked, allow_bytes=False)
+        sharded = [(t, s) for t, s in pairs if type(targets.get(t)).__name__ == "DTensor"]
+        if sharded and dest.in_place:
+            # In place into DTensor shards: DCP reads and reshards each chunk into the
+            # model's own shard (what Module.load_state_dict's copy_ would do, one copy less).
+            dcp_load(
+                {s: targets[t].detach() for t, s in sharded},
+                self.path,
+                checked=self.checked,
+                allow_bytes=False,
+            )
+            dest.wrote(t for t, _ in sharded)
+        elif sharded:
+            # assign= or a load hook: DCP fills DTensors of the same placement, and torch's
+            # Module.load_state_dict applies them (hooks run, assign= assigns them).
+            for batch in _batches(sharded, self.nbytes):
+                fresh = {s: torch.empty_like(targets[t].detach()) for t, s in batch}
+                dcp_load(fresh, self.path, checked=self.checked, allow_bytes=False)
+                dest.apply({t: fresh[s] for t, s in batch})
         plain: List[Tuple[str, str]] = []
         inplace: Dict[str, torch.Tensor] = {}
         for t, s in pairs:
-            if type(targets[t]).__name__ == "DTensor":
+            if type(targets.get(t)).__name__ == "DTensor":
                 continue
-            md, into = entries.get(s), (direct or {}).get(t)
+            md, into = entries.get(s), dest.direct.get(t)
             if (
                 into is not None
                 and isinstance(md, TensorStorageMetadata)
@@ -641,13 +649,12 @@ class DCPDirectory(Layout):
                 and s not in inplace
             ):
                 inplace[s] = into.detach()  # the reader copies each record straight into it
+                dest.wrote((t,))
             else:
                 plain.append((t, s))
         if inplace:
             dcp_load(inplace, self.path, checked=self.checked, allow_bytes=False)
-        for batch in _batches(plain, self._nbytes):
-            values = self.read([s for _, s in batch])
-            apply({t: values[s] for t, s in batch})
+        super().load_into(plain, dest)
 
 
 # --- resolution --------------------------------------------------------------------------------
@@ -655,8 +662,13 @@ def _is_index(path: str) -> bool:
     return path.endswith(".index.json")
 
 
-def resolve(path: Any) -> Optional[Layout]:
-    """The layout of a path, or ``None`` for a single torch.save file (read by ``st.load``).
+def resolve(path: Any) -> Layout:
+    """The layout of a path: the resolve stage of every load.
+
+    A file given directly is a :class:`FileLayout` with no ``description`` (read by
+    ``st.load``; a missing path too, which ``st.load`` reports), or a :class:`ShardedIndex`; a
+    directory resolves to its DCP checkpoint, its index, or the one weights file in it (whose
+    ``description`` says which was picked).
 
     Raises:
         CheckpointError: a directory holding no model weights, or several candidates (the
@@ -666,11 +678,11 @@ def resolve(path: Any) -> Optional[Layout]:
     if os.path.isfile(p):
         if _is_index(p):
             return ShardedIndex(p, f"shard index {os.path.basename(p)}")
-        return None
+        return FileLayout(p, None)
     if not os.path.isdir(p):
         if os.path.exists(p):  # a FIFO, socket or device: refused here, never opened
             reader.open_regular(p, "checkpoint").close()
-        return None  # st.load reports the missing file
+        return FileLayout(p, None)  # st.load reports the missing file
     names = set(os.listdir(p))
     if DCP_METADATA in names:
         return DCPDirectory(p, f"DCP directory {p!r}")
@@ -701,7 +713,7 @@ def resolve(path: Any) -> Optional[Layout]:
     )
 
 
-def _file_layout(path: str, description: str) -> Optional[Layout]:
+def _file_layout(path: str, description: str) -> Layout:
     if _is_index(path):
         return ShardedIndex(path, f"shard index {description}")
     if path.endswith(".safetensors"):
@@ -710,7 +722,13 @@ def _file_layout(path: str, description: str) -> Optional[Layout]:
 
 
 class FileLayout(Layout):
-    """One torch.save file picked inside a directory (loaded by st.load as usual)."""
+    """One torch.save file, given directly (``description`` None) or picked inside a
+    directory: read by ``st.load`` (``st.load_state_dict`` reads its meta view and then only
+    the matched bytes through :mod:`safetorch.checkpoint.torchfile`)."""
+
+    def __init__(self, path: str, description: Optional[str]) -> None:
+        super().__init__(path, description or path)
+        self.picked = description is not None
 
     kind = "file"
 
@@ -834,7 +852,7 @@ def _role(name: str, picked: Optional[str]) -> str:
 def describe(path: str) -> Dict[str, Any]:
     """A directory or index described file by file, with the one holding the model named."""
     layout = resolve(path)
-    if layout is None:
+    if isinstance(layout, FileLayout) and not layout.picked:
         raise CheckpointError(f"{path!r} is a single checkpoint file; inspect it directly")
     root = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     model_files = {os.path.basename(f) for f in layout.files()}

@@ -1,7 +1,9 @@
 """st.load_state_dict: a checkpoint of any layout into any model, wrapped or not, with a report.
 
-torch's ``Module.load_state_dict`` is captured at import (``_module_load_state_dict``):
-monkeypatch mode later routes it here, and this module must keep calling the original.
+The load is a pipeline, one module per stage: resolve the path (:func:`layouts.resolve`), read
+its meta view (a layout's, or one file's through :mod:`torchfile`), find the state dict and
+match keys (:mod:`keys`), then apply (:class:`apply.Destination`, which calls torch's own
+``Module.load_state_dict``, captured at import so that monkeypatch mode can route it here).
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ import warnings
 from typing import (
     Any,
     Callable,
-    Dict,
     Iterable,
-    List,
     Mapping,
     Optional,
     Tuple,
@@ -27,6 +27,7 @@ from torch import nn
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch.checkpoint import layouts, reader, torchfile
+from safetorch.checkpoint.apply import Destination, _module_load_state_dict
 from safetorch.checkpoint.formats import STATE_FORMAT
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
@@ -54,7 +55,6 @@ from safetorch.errors import (
 __all__ = ["load_state_dict", "load_for_copy"]
 
 logger = logging.getLogger("safetorch")
-_module_load_state_dict = nn.Module.load_state_dict
 _assign_supported: bool
 
 
@@ -189,10 +189,13 @@ def load_state_dict(
         )
     # A directory, a shard index or a DCP checkpoint: match on its meta view (shapes and
     # dtypes, no data), then read only the matched tensors (layouts.py).
-    layout = layouts.resolve(source) if _is_path(source) else None
-    picked = None if layout is None else f"{layout.description} ({layout.kind})"
+    layout: Optional[layouts.Layout] = layouts.resolve(source) if _is_path(source) else None
+    picked = None
     if isinstance(layout, layouts.FileLayout):
+        picked = f"{layout.description} ({layout.kind})" if layout.picked else None
         source, layout = layout.path, None
+    elif layout is not None:
+        picked = f"{layout.description} ({layout.kind})"
     if layout is not None:
         logger.info("loading %s (%s)", layout.description, layout.kind)
         obj: Any = layout.meta_view()
@@ -294,13 +297,13 @@ def _load_state_dict(
         raise _mismatch_error(
             model, report, "nothing was loaded; pass strict=False to load the matching keys"
         )
-    kwargs = {} if assign is None else {"assign": assign}
     if layout is not None:
-        _load_from_layout(model, layout, to_load, source_of, source_key, report, kwargs)
+        _load_from_layout(model, layout, to_load, source_of, source_key, report, assign)
         return _finish(model, report)
     if tfile is not None:
-        result = _load_in_batches(model, tfile, to_load, kwargs)
+        result = _load_in_batches(model, tfile, to_load, assign)
     else:
+        kwargs = {} if assign is None else {"assign": assign}
         result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
     # torch is the final word: a load hook may have consumed or rejected keys.
     kept = set(target) - set(target_keys)  # AveragedModel's counter, kept on purpose
@@ -356,103 +359,35 @@ def _warn_unloaded_parameters(model: nn.Module, report: LoadReport) -> None:
     )
 
 
-class _Keys:
-    """What ``Module.load_state_dict`` reports over several batches: a key is missing when no
-    batch loaded it, unexpected when any batch found no place for it."""
-
-    def __init__(self) -> None:
-        self.missing_keys: Optional[Any] = None
-        self.unexpected_keys: List[str] = []
-
-
 def _load_in_batches(
     model: nn.Module,
     tfile: "torchfile.TorchFile",
     to_load: Mapping[str, Any],
-    kwargs: Dict[str, Any],
+    assign: Optional[bool],
 ) -> Any:
-    keys = _Keys()
-    meta = getattr(to_load, "_metadata", None)
-
-    def apply(batch: Dict[str, Any]) -> None:
-        ordered: "collections.OrderedDict[str, Any]" = collections.OrderedDict(batch)
-        if meta is not None:
-            ordered._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
-        result = _module_load_state_dict(model, ordered, strict=False, **kwargs)
-        missing = set(result.missing_keys)
-        keys.missing_keys = missing if keys.missing_keys is None else keys.missing_keys & missing
-        keys.unexpected_keys.extend(
-            k for k in result.unexpected_keys if k not in keys.unexpected_keys
-        )
-
-    direct = _direct_targets(model, to_load)
-    tfile.load_values(to_load, apply, direct=direct)
-    for k in direct:  # read straight into the model: loaded, as torch would have said
-        if keys.missing_keys is not None:
-            keys.missing_keys.discard(k)
-    order = list(model.state_dict())
-    if keys.missing_keys is None and direct:
-        keys.missing_keys = set(order) - set(direct)
-    if keys.missing_keys is None:  # nothing to load: torch would call it all missing
-        keys.missing_keys = set(order)
-    keys.missing_keys = [k for k in order if k in keys.missing_keys]  # in model order, as torch
-    return keys
-
-
-def _direct_targets(model: nn.Module, to_load: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
-    """The targets ``Module.load_state_dict`` would fill by a plain ``param.copy_(value)``: a
-    contiguous CPU tensor of a module that keeps torch's ``_load_from_state_dict``, with no
-    load hook anywhere in the model; the file's bytes may go straight into them."""
-    base = nn.Module._load_from_state_dict
-    modules = dict(model.named_modules())
-    for m in modules.values():
-        if getattr(m, "_load_state_dict_pre_hooks", None) or getattr(
-            m, "_load_state_dict_post_hooks", None
-        ):
-            return {}
-    out: Dict[str, torch.Tensor] = {}
-    for key in to_load:
-        owner_name, _, name = key.rpartition(".")
-        owner = modules.get(owner_name)
-        if owner is None or type(owner)._load_from_state_dict is not base:
-            continue
-        dest = owner._parameters.get(name)
-        if dest is None:
-            dest = owner._buffers.get(name)
-            if dest is None or name in owner._non_persistent_buffers_set:
-                continue
-        if (
-            type(dest) in (torch.Tensor, nn.Parameter)
-            and dest.device.type == "cpu"
-            and dest.is_contiguous()
-            and not dest.is_conj()
-            and not dest.is_neg()
-        ):
-            out[key] = dest
-    return out
+    """One file's matched bytes into the model: straight into the direct targets, the rest
+    through torch's ``Module.load_state_dict`` in batches (torchfile reuses its buffer)."""
+    dest = Destination(model, to_load, assign, getattr(to_load, "_metadata", None))
+    tfile.load_values(to_load, dest.apply, direct=dest.direct)
+    dest.wrote(dest.direct)  # each direct target is read straight in, or applied
+    return dest.result()
 
 
 def _load_from_layout(
     model: nn.Module,
-    layout: Any,
+    layout: layouts.Layout,
     to_load: Mapping[str, Any],
     source_of: Mapping[str, str],
     source_key: Optional[str],
     report: LoadReport,
-    kwargs: Dict[str, Any],
+    assign: Optional[bool],
 ) -> None:
     """Read the matched tensors of a multi-file layout into the model, batch by batch."""
     prefix = f"{source_key}." if source_key else ""
     pairs = [(tgt, prefix + source_of[tgt]) for tgt in to_load]
-    unexpected: List[str] = []
-
-    def apply(batch: Dict[str, Any]) -> None:
-        result = _module_load_state_dict(model, batch, strict=False, **kwargs)
-        unexpected.extend(k for k in result.unexpected_keys if k not in unexpected)
-
-    direct = {} if kwargs.get("assign") else _direct_targets(model, to_load)
-    layout.load_into(model, pairs, apply, direct)
-    report.unexpected.extend(k for k in unexpected if k not in report.unexpected)
+    dest = Destination(model, to_load, assign)
+    layout.load_into(pairs, dest)
+    report.unexpected.extend(k for k in dest.unexpected if k not in report.unexpected)
 
 
 def load_for_copy(source: Any) -> Any:

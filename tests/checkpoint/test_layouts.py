@@ -182,3 +182,89 @@ def test_dcp_directory_on_a_torch_without_dcp_says_so(tmp_path, simulate_torch):
     with simulate_torch(HAS_DCP=False):
         with pytest.raises(st.CheckpointError, match="needs torch >= 2.0"):
             st.load_state_dict(_net(1), tmp_path / "dcp")
+
+
+# --- every layout honours assign= and load hooks, as Module.load_state_dict does ----------------
+def _write_layout(kind, tmp_path):
+    """The same weights (SRC) as each layout; returns the path st.load_state_dict is given."""
+    sd = {k: v.clone() for k, v in SRC.state_dict().items()}
+    if kind == "file":
+        torch.save(sd, tmp_path / "w.pt")
+        return tmp_path / "w.pt"
+    if kind == "file in dir":
+        (tmp_path / "d").mkdir()
+        torch.save(sd, tmp_path / "d" / "pytorch_model.bin")
+        return tmp_path / "d"
+    if kind == "safetensors in dir":
+        (tmp_path / "d").mkdir()
+        safetensors_torch.save_file(sd, str(tmp_path / "d" / "model.safetensors"))
+        return tmp_path / "d"
+    if kind in ("safetensors index", "bin index"):
+        keys = sorted(sd)
+        halves = {"a": keys[: len(keys) // 2], "b": keys[len(keys) // 2 :]}
+        weight_map = {}
+        for name, part in halves.items():
+            shard = {k: sd[k] for k in part}
+            if kind == "safetensors index":
+                fname = f"model-{name}.safetensors"
+                safetensors_torch.save_file(shard, str(tmp_path / fname))
+            else:
+                fname = f"pytorch_model-{name}.bin"
+                torch.save(shard, tmp_path / fname)
+            weight_map.update({k: fname for k in part})
+        index = tmp_path / ("model.safetensors.index.json" if "safe" in kind else "x.index.json")
+        index.write_text(json.dumps({"weight_map": weight_map}))
+        return index
+    assert kind == "dcp"
+    _dcp_save(sd, tmp_path / "dcp")
+    return tmp_path / "dcp"
+
+
+_LAYOUT_KINDS = ["file", "file in dir", "safetensors in dir", "safetensors index", "bin index"]
+_LAYOUT_KINDS += [pytest.param("dcp", marks=needs_dcp)]
+
+
+@pytest.mark.parametrize("kind", _LAYOUT_KINDS)
+def test_every_layout_honours_load_hooks_like_torch(tmp_path, kind):
+    path = _write_layout(kind, tmp_path)
+    seen = {"ours": [], "torch": []}
+
+    def build(who):
+        model = _net(1)
+
+        def pre_hook(state_dict, prefix, *args):  # a module that rescales its weight on load
+            key = prefix + "weight"
+            if key in state_dict:
+                seen[who].append(key)
+                state_dict[key] = state_dict[key] * 2
+
+        model[0]._register_load_state_dict_pre_hook(pre_hook)
+        return model
+
+    ours, theirs = build("ours"), build("torch")
+    report = st.load_state_dict(ours, path)
+    theirs.load_state_dict({k: v.clone() for k, v in SRC.state_dict().items()})
+    assert report.ok, report
+    assert seen["ours"] == seen["torch"] == ["0.weight"]
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+    assert torch.equal(ours[0].weight, SRC[0].weight * 2)
+
+
+@pytest.mark.parametrize("kind", _LAYOUT_KINDS)
+@pytest.mark.skipif(
+    not _compat.LOAD_STATE_DICT_HAS_ASSIGN, reason="Module.load_state_dict(assign=) is torch 2.1+"
+)
+def test_every_layout_honours_assign_like_torch(tmp_path, kind):
+    path = _write_layout(kind, tmp_path)
+    ours, theirs = _net(1), _net(1)
+    before = {k: v for k, v in ours.state_dict(keep_vars=True).items()}
+    report = st.load_state_dict(ours, path, assign=True)
+    theirs.load_state_dict({k: v.clone() for k, v in SRC.state_dict().items()}, assign=True)
+    assert report.ok, report
+    after = ours.state_dict(keep_vars=True)
+    for k, v in theirs.state_dict(keep_vars=True).items():
+        assert torch.equal(after[k], v), k
+        assert type(after[k]) is type(v), k  # Parameters stay Parameters, buffers tensors
+        # assign=True puts the loaded tensors in place of the model's own, as torch does
+        assert after[k] is not before[k], k

@@ -115,6 +115,17 @@ def _train_save_resume(rank: int, directory: str, kind: str) -> None:
     weights_loaded = report.ok and all(
         torch.equal(v, _full_saved[k]) for k, v in _full(model3).items()
     )
+    # A load hook on the model: the values go through Module.load_state_dict (the hook runs),
+    # not in place into the shards, and arrive all the same.
+    model4 = _wrap(_model(13), kind)
+    hooked: list = []
+    model4.register_load_state_dict_post_hook(lambda module, keys: hooked.append(len(hooked)))
+    report4 = st.load_state_dict(model4, path)
+    hook_loaded = (
+        report4.ok
+        and bool(hooked)
+        and all(torch.equal(v, _full_saved[k]) for k, v in _full(model4).items())
+    )
     with open(os.path.join(directory, f"rank{rank}.json"), "w") as fh:
         json.dump(
             {
@@ -122,6 +133,7 @@ def _train_save_resume(rank: int, directory: str, kind: str) -> None:
                 "resumed": resumed,
                 "params_equal": same,
                 "weights_loaded": weights_loaded,
+                "hook_loaded": hook_loaded,
                 "extras": extras,
                 "path": path,
                 "is_dir": os.path.isdir(path),

@@ -53,6 +53,7 @@ def test_fsdp2_two_ranks_resume_bit_identical_and_load_on_one(tmp_path):
         assert r["resumed"] == r["reference"], r
         assert r["params_equal"] and r["extras"] == {"epoch": 3}
         assert r["weights_loaded"]  # st.load_state_dict of the DCP state into an FSDP2 model
+        assert r["hook_loaded"]  # ... and into one with a load hook, which runs
     assert results[0]["reference"] != results[1]["reference"]  # per-rank data and RNG
     files = os.listdir(tmp_path / "state")
     assert ".metadata" in files and sum(f.endswith(".distcp") for f in files) == 2
@@ -78,6 +79,7 @@ def test_ddp_two_ranks_resume_bit_identical_one_file(tmp_path):
     for r in results:
         assert not r["is_dir"] and r["resumed"] == r["reference"] and r["params_equal"], r
         assert r["weights_loaded"]  # st.load_state_dict of the state file into a DDP model
+        assert r["hook_loaded"]
     saved = st.load(tmp_path / "state.pt")
     assert sorted(saved["rng"]) == ["0", "1"]  # each rank's RNG
     assert "module." not in "".join(saved["objects"]["model"])  # saved unwrapped
