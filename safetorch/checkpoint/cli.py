@@ -576,7 +576,24 @@ def _for_safetensors(state_dict: Mapping[str, Any]) -> Tuple[Dict[str, torch.Ten
     return out, dropped
 
 
-_SAFETENSORS_CODES = {dtype: code for code, dtype in reader.SAFETENSORS_DTYPES.items()}
+_SAFETENSORS_CODES: Dict[torch.dtype, Optional[str]] = {}
+
+
+def _safetensors_code(dtype: torch.dtype) -> Optional[str]:
+    """The safetensors package's own name for ``dtype`` (``"F32"``), or None where it has
+    none: read from the header it writes for an empty tensor (no table of ours)."""
+    if dtype not in _SAFETENSORS_CODES:
+        package = reader.safetensors_package()
+        try:
+            data = package.torch.save({"x": torch.empty(0, dtype=dtype)})
+        except Exception:  # a dtype this safetensors cannot write
+            _SAFETENSORS_CODES[dtype] = None
+        else:
+            n = int.from_bytes(data[:8], "little")
+            _SAFETENSORS_CODES[dtype] = json.loads(data[8 : 8 + n])["x"]["dtype"]
+    return _SAFETENSORS_CODES[dtype]
+
+
 # A tensor is written in pieces of this size, so the progress bar moves within large ones.
 _WRITE_CHUNK = 16 * 1024 * 1024
 
@@ -587,13 +604,12 @@ def _write_safetensors(
     """Stream ``tensors`` (contiguous, unaliased: :func:`_for_safetensors`) to ``fh`` in the
     safetensors format: an 8-byte little-endian header length, the JSON header (padded with
     spaces to 8 bytes, ``__metadata__`` ``{"format": "pt"}`` as ``safetensors.torch`` writes
-    it), then each tensor's bytes in header order. ``reader.read_safetensors_header`` and the
-    safetensors library read it back. Unlike ``safetensors.torch.save_file``, no second copy of
+    it), then each tensor's bytes in header order; the safetensors library reads it back. Unlike ``safetensors.torch.save_file``, no second copy of
     every tensor is held in memory, and ``progress`` moves as the bytes are written."""
     header: Dict[str, Any] = {}
     offset = 0
     for key, t in tensors.items():
-        code = _SAFETENSORS_CODES.get(t.dtype)
+        code = _safetensors_code(t.dtype)
         if code is None or t.layout != torch.strided:
             raise CheckpointError(
                 f"--to safetensors: {key!r} is a {t.dtype} tensor ({t.layout}), which a "

@@ -49,9 +49,11 @@ def read_head(f: Any, n: int = HEAD_BYTES) -> bytes:
 def sniff(f: Any, head: Optional[bytes] = None) -> str:
     """The format of ``f`` (see the module docstring); ``head`` avoids a second read.
 
-    A ``.safetensors`` name decides without reading the file.
+    A ``.safetensors`` name decides without reading the file: a path's, or the name of a file
+    object opened from one (``open(path, "rb")``, the checkpoint reader's).
     """
-    if is_path(f) and os.fsdecode(f).endswith(".safetensors"):
+    name = f if is_path(f) else getattr(f, "name", None)
+    if isinstance(name, (str, bytes)) and os.fsdecode(name).endswith(".safetensors"):
         return "safetensors"
     if head is None:
         head = read_head(f)

@@ -143,17 +143,6 @@ def _safetensors_meta(path: str) -> Dict[str, torch.Tensor]:
         return reader.read_safetensors_header(f).meta()
 
 
-def _safetensors_module() -> Any:
-    try:
-        import safetensors.torch as st_torch
-    except ImportError:
-        raise CheckpointError(
-            "writing .safetensors files needs the safetensors package; install it with: "
-            "pip install 'safetorch[safetensors]'"
-        ) from None
-    return st_torch
-
-
 class ShardedIndex(Layout):
     """``*.index.json`` with a ``weight_map`` of key -> shard file (safetensors or torch).
 
@@ -800,7 +789,7 @@ def save_sharded_safetensors(
     Shards are filled in key order up to ``max_shard_bytes`` (a larger tensor gets a shard of
     its own), each written atomically; the index is written last.
     """
-    st_torch = _safetensors_module()
+    st_torch = reader.safetensors_package().torch
     shards: List[Dict[str, torch.Tensor]] = [{}]
     size = 0
     for key, tensor in state_dict.items():

@@ -29,7 +29,7 @@ import torch
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.checkpoint import _trust, _unpickler, formats
+from safetorch.checkpoint import _trust, _unpickler, formats, reader
 from safetorch.checkpoint.verify import check_file
 from safetorch.errors import (
     CheckpointError,
@@ -382,13 +382,7 @@ def _refusal_message(
 
 
 def _load_safetensors(f: Any, name: str, map_location: Any) -> Any:
-    try:
-        import safetensors.torch as st_torch
-    except ImportError:
-        raise CheckpointError(
-            f"{name} is a .safetensors file and the safetensors package is not installed; "
-            "install it with: pip install 'safetorch[safetensors]'"
-        ) from None
+    st_torch = reader.safetensors_package().torch  # or the error saying how to install it
     device = str(map_location) if isinstance(map_location, (str, torch.device)) else "cpu"
     try:
         if _is_path(f):

@@ -13,8 +13,9 @@ here, under one policy:
 * **A regular file.** Opened without blocking (``O_NONBLOCK``) and checked with ``fstat``
   on the open descriptor: a FIFO, a socket, a device or a directory is refused at once
   instead of hanging or reading forever.
-* **Bounded.** Metadata (DCP ``.metadata``, index JSON, a safetensors header) is read up to
-  a size limit and parsed once; the parsed form is handed on, never read again.
+* **Bounded.** Metadata (DCP ``.metadata``, index JSON) is read up to a size limit and
+  parsed once; the parsed form is handed on, never read again. A safetensors header is parsed
+  and checked by the safetensors package itself, on the descriptor opened here.
 * **The same file.** A file opened again later (a shard read after its header was checked)
   must be the one checked: same device, inode, size and modification time, else
   :class:`~safetorch.errors.CheckpointError` ("changed while it was being read").
@@ -52,7 +53,6 @@ __all__: List[str] = []  # private: used by safetorch.checkpoint's layouts, stat
 
 MAX_METADATA_BYTES = 1 << 30  # DCP .metadata: 1 GiB (a model of millions of tensors fits)
 MAX_JSON_BYTES = 256 << 20  # an index or config JSON
-MAX_SAFETENSORS_HEADER = 100_000_000  # safetensors' own limit
 
 _O_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _O_FLAGS |= getattr(os, "O_BINARY", 0)
@@ -276,30 +276,24 @@ def read_json(path: Any, what: str, expected: str = "", limit: int = MAX_JSON_BY
         ) from None
 
 
-# --- safetensors: one header parser, one dtype table --------------------------------------------
-def _dtypes() -> Dict[str, torch.dtype]:
-    table = {
-        "F64": "float64",
-        "F32": "float32",
-        "F16": "float16",
-        "BF16": "bfloat16",
-        "I64": "int64",
-        "I32": "int32",
-        "I16": "int16",
-        "I8": "int8",
-        "U8": "uint8",
-        "BOOL": "bool",
-        "U16": "uint16",  # torch 2.3+
-        "U32": "uint32",
-        "U64": "uint64",
-        "F8_E4M3": "float8_e4m3fn",  # torch 2.1+
-        "F8_E5M2": "float8_e5m2",
-        "C64": "complex64",
-    }
-    return {k: getattr(torch, v) for k, v in table.items() if hasattr(torch, v)}
+# --- safetensors: read through the safetensors package itself ---------------------------------
+def safetensors_package() -> Any:
+    """The ``safetensors`` package (its parser checks every header we read), or a
+    CheckpointError saying how to install it."""
+    try:
+        import safetensors
+        import safetensors.torch  # noqa: F401 - the "pt" framework of safe_open
+    except ImportError:
+        raise CheckpointError(
+            "reading .safetensors files needs the safetensors package; install it with: "
+            "pip install 'safetorch[safetensors]'"
+        ) from None
+    return safetensors
 
 
-SAFETENSORS_DTYPES = _dtypes()
+# Where an open descriptor can be opened again by name (the same open file, whatever its path
+# names now): the safetensors package opens files by name only.
+_FD_DIR = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
 
 
 class SafetensorsHeader:
@@ -354,59 +348,61 @@ def _bad(path: str, why: str) -> CheckpointError:
     return CheckpointError(f"{path!r} is not a valid safetensors file: {why}")
 
 
-def read_safetensors_header(f: RegularFile) -> SafetensorsHeader:
-    """Parse and check a safetensors header as the safetensors library validates it: an 8-byte
-    length, a JSON object, every tensor a known dtype and a shape whose byte size equals its
-    ``data_offsets``, the offsets contiguous from 0 and covering the data section exactly."""
-    path = f.path
-    if f.size < 8:
-        raise _bad(path, "shorter than 8 bytes")
-    n = int.from_bytes(f.pread(8, 0), "little")
-    if n > MAX_SAFETENSORS_HEADER or n < 2 or 8 + n > f.size:
-        raise _bad(path, f"header size {n} (the file has {f.size} bytes)")
+def _fileno(f: Any) -> Optional[int]:
     try:
-        header = json.loads(f.pread(n, 8).decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _bad(path, f"corrupt JSON header ({exc})") from None
-    if not isinstance(header, dict):
-        raise _bad(path, f"the header is a JSON {type(header).__name__}, not an object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise _bad(path, "__metadata__ is not an object")
-    data_len = f.size - 8 - n
+        return int(f.fh.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None  # an in-memory file object
+
+
+def _tensors_of(f: RegularFile) -> Dict[str, Tuple[torch.dtype, Tuple[int, ...]]]:
+    """``{key: (dtype, shape)}`` as the safetensors package reads the file (its parser checks
+    the header: known dtypes, shapes that match the offsets, offsets contiguous and covering
+    the data exactly, the header size limit); no tensor data is read but 0-dim values."""
+    safetensors = safetensors_package()
+    fd = _fileno(f)
+    out: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]] = {}
+    if fd is None:  # a file object: the package checks the bytes it holds
+        for key, t in safetensors.torch.load(f.pread(f.size, 0)).items():
+            out[key] = (t.dtype, tuple(t.shape))
+        return out
+    # The descriptor the one reader opened and checked, opened again: the same file.
+    name = f"{_FD_DIR}/{fd}" if _FD_DIR else f.path
+    with safetensors.safe_open(name, framework="pt") as handle:
+        if _FD_DIR is None and identity(os.stat(f.path)) != f.identity:
+            raise CheckpointError(f"{f.path!r} changed while it was being read")
+        for key in handle.keys():
+            piece = handle.get_slice(key)
+            shape = tuple(piece.get_shape())
+            # the package's own dtype: an empty slice (a 0-dim value is read, one element)
+            dtype = (piece[0:0] if shape else handle.get_tensor(key)).dtype
+            out[key] = (dtype, shape)
+    return out
+
+
+def read_safetensors_header(f: RegularFile) -> SafetensorsHeader:
+    """A safetensors file's entries, as the safetensors package reads it.
+
+    The package parses and checks the header (:func:`_tensors_of`) and gives each tensor's
+    dtype and shape; the offsets it checked are then looked up in the header so that tensor
+    bytes can be read with ``pread`` (straight into a model's tensor, one copy), each one's
+    size agreeing with its dtype and shape.
+    """
+    path = f.path
+    try:
+        tensors = _tensors_of(f)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # SafetensorError, and what a corrupt file raises on the way
+        raise _bad(path, f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    n = int.from_bytes(f.pread(8, 0), "little")  # checked by the package: header in the file
+    header = json.loads(f.pread(n, 8).decode("utf-8"))
+    metadata = header.get("__metadata__") or {}
     entries: Dict[str, Tuple[torch.dtype, Tuple[int, ...], int, int]] = {}
-    for key, info in header.items():
-        if not isinstance(info, dict):
-            raise _bad(path, f"tensor {key!r} has entry {info!r:.80}, not an object")
-        dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))  # type: ignore[arg-type]  # a non-str dtype is simply not found
-        if dtype is None:
-            raise _bad(path, f"tensor {key!r} has unsupported dtype {info.get('dtype')!r:.40}")
-        shape = info.get("shape")
-        offsets = info.get("data_offsets")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise _bad(path, f"tensor {key!r} has shape {shape!r:.80}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(type(o) is int for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data_len
-        ):
-            raise _bad(
-                path, f"tensor {key!r} has data_offsets {offsets!r:.80} (data: {data_len} bytes)"
-            )
+    for key, (dtype, shape) in tensors.items():
+        begin, end = header[key]["data_offsets"]
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        if offsets[1] - offsets[0] != nbytes:
-            raise _bad(
-                path,
-                f"tensor {key!r} of shape {shape} and dtype {info['dtype']} needs {nbytes} "
-                f"bytes, its data_offsets give {offsets[1] - offsets[0]}",
-            )
-        entries[key] = (dtype, tuple(shape), offsets[0], offsets[1])
-    end = 0
-    for _, _, begin, stop in sorted(entries.values(), key=lambda e: (e[2], e[3])):
-        if begin != end:
-            raise _bad(path, f"tensor data overlaps or leaves a gap at byte {begin}")
-        end = stop
-    if end != data_len:
-        raise _bad(path, f"the tensors cover {end} of the {data_len} data bytes")
+        if end - begin != nbytes:  # a packed dtype read its own way: not by pread
+            raise _bad(path, f"tensor {key!r} of {dtype} {list(shape)} is not {nbytes} bytes")
+        entries[key] = (dtype, shape, begin, end)
     return SafetensorsHeader(path, entries, 8 + n, f.identity, metadata)

@@ -147,45 +147,60 @@ def test_pread_refuses_records_outside_and_truncation(tmp_path):
             f.pread(4, 5)
 
 
-# --- safetensors: one header parser ------------------------------------------------------------
+# --- safetensors: read through the safetensors package ----------------------------------------
 def _safetensors_bytes(header, data):
     raw = json.dumps(header).encode()
     return struct.pack("<Q", len(raw)) + raw + data
 
 
-@pytest.mark.parametrize(
-    "header, data, why",
-    [
-        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}}, b"\0" * 8, "data_offsets"),
-        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, b"\0" * 8, "needs 16"),
-        ({"w": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "dtype"),
-        (
-            {
-                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
-            },
-            b"\0" * 12,
-            "overlaps",
-        ),
-        ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8, "cover 4"),
-        ([1, 2], b"", "not an object"),
-        ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}, b"", "shape"),
-    ],
-)
-def test_safetensors_headers_are_checked_like_safetensors(tmp_path, header, data, why):
+_BAD_HEADERS = [
+    ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}}, b"\0" * 8),
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, b"\0" * 8),
+    ({"w": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8),
+    (
+        {
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+        },
+        b"\0" * 12,
+    ),
+    ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8),
+    ([1, 2], b""),
+    ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}, b""),
+]
+_BAD_IDS = ["offsets-past-data", "shape-vs-offsets", "dtype", "overlap", "gap", "array", "shape"]
+
+
+@pytest.mark.parametrize("header, data", _BAD_HEADERS, ids=_BAD_IDS)
+@pytest.mark.parametrize("where", ["directory", "index", "file"])
+def test_safetensors_headers_are_checked_by_safetensors_itself(tmp_path, header, data, where):
+    """Side by side: the safetensors package refuses the file, and every way safetorch reads
+    it (a directory, a shard index, the file itself) refuses it with the package's reason."""
+    safetensors = pytest.importorskip("safetensors.torch")
     path = tmp_path / "model.safetensors"
     path.write_bytes(_safetensors_bytes(header, data))
-    with pytest.raises(st.CheckpointError, match=why):
-        st.load_state_dict(nn.Linear(2, 2), tmp_path)
-    safetensors = pytest.importorskip("safetensors.torch")
-    # side by side: the safetensors library refuses it too (its own SafetensorError)
-    with pytest.raises(Exception):  # noqa: B017 - safetensors raises its own error type
+    with pytest.raises(Exception) as theirs:  # noqa: B017 - safetensors raises its own type
         safetensors.load_file(str(path))
+    if where == "index":
+        source = tmp_path / "model.safetensors.index.json"
+        source.write_text(json.dumps({"weight_map": {"weight": "model.safetensors"}}))
+    else:
+        source = tmp_path if where == "directory" else path
+    model = nn.Linear(2, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(st.CheckpointError) as ours:
+        st.load_state_dict(model, source)
+    text = " ".join(str(ours.value).split())
+    assert "not a valid safetensors file" in text
+    reason = " ".join(str(theirs.value).split()).split(": ", 1)[-1]
+    assert reason in text  # the package's own reason
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_huge_header_length_is_refused(tmp_path):
+    pytest.importorskip("safetensors")
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 2**62) + b"{}")
-    with pytest.raises(st.CheckpointError, match="header size"):
+    with pytest.raises(st.CheckpointError, match="header too large"):
         st.load_state_dict(nn.Linear(2, 2), tmp_path)
 
 

@@ -130,12 +130,12 @@ def test_safetensors_good_and_truncated(tmp_path: Path) -> None:
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(path.read_bytes()[:-4])
     report = verify_file(cut)
-    assert not report.ok and "data_offsets [16, 40] (data: 36 bytes)" in report.problems[0]
+    assert not report.ok and "file not fully covered" in report.problems[0]  # the package's
     with pytest.raises(CheckpointError, match="cut.safetensors"):
         st.load(cut, verify=True)
     header = tmp_path / "header.safetensors"
     header.write_bytes(struct.pack("<Q", 10**6) + b"{}")
-    assert "header size" in verify_file(header).problems[0]
+    assert "invalid header length" in verify_file(header).problems[0]  # the package's words
 
 
 def test_legacy_format_has_nothing_to_check(tmp_path: Path) -> None:
