@@ -8,6 +8,8 @@ import platform
 import sys
 from typing import Any, Dict, List
 
+from safetorch import _pitfalls  # standard library only: doctor's import stays light
+
 __all__ = ["collect", "add_parsers"]
 
 
@@ -158,9 +160,14 @@ def _patch_mode() -> Dict[str, Any]:
     pth = os.path.join(hook.default_dir(), hook.PTH_NAME)
     info["hook"] = pth if os.path.exists(pth) else None
     info["active"] = registry.active_names()
-    # Every patch family with the pitfall-table rows it routes (safetorch._pitfalls ids).
+    # Every patch family with the pitfall-table rows it routes: read from the table
+    # (safetorch._pitfalls), the one source, not restated by the patch declarations.
     info["patches"] = [
-        {"name": p.name, "pitfalls": list(p.pitfalls), "active": registry.is_active(p.name)}
+        {
+            "name": p.name,
+            "pitfalls": list(_pitfalls.for_patch(p.name)),
+            "active": registry.is_active(p.name),
+        }
         for p in registry.declared()
     ]
     value = (info["SAFETORCH_PATCH"] or "").strip()

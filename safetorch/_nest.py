@@ -1,9 +1,12 @@
 """Map a function over the tensors of a nested structure: the one container walker.
 
-Every recursion through user data in safetorch is :func:`map_tensors`: ``st.pin`` and
-``PinnedBatch.pin_memory``, ``st.to_device`` and ``PinnedBatch.to``, ``st.safe_copy``, and
-``BalancedDataParallel``'s batch-size check and scatter. So one rule decides, for all of them,
-what a container is and how it is rebuilt; ``fn`` is applied to each tensor.
+Every recursion through user data in safetorch is :func:`map_tensors` (rebuild the structure)
+or :func:`iter_tensors` (only read its tensors): ``st.pin`` and ``PinnedBatch.pin_memory``,
+``st.to_device`` and ``PinnedBatch.to``, ``st.safe_copy``, ``BalancedDataParallel``'s
+batch-size check and scatter, ``st.lint_model``'s data flow through module inputs and outputs,
+and ``st.check_loader``'s "does this batch hold tensors". So one rule decides, for all of them,
+what a container is (and, for ``map_tensors``, how it is rebuilt); ``fn`` is applied to each
+tensor.
 
 Containers (rebuilt; the input is never modified):
 
@@ -43,6 +46,18 @@ Where the copies this module replaced disagreed (the changelog lists the differe
 * ``own`` comes before the container rules, as ``st.pin`` asked ``pin_memory()`` first; for
   ``to_device`` a container with its own ``.to()`` (a ``PinnedBatch`` dataclass, a
   ``TensorDict``) now moves itself.
+
+Depth and cycles. :func:`map_tensors` has no depth limit but Python's recursion limit (it
+rebuilds, so it cannot cut a cycle: a container that contains itself raises
+``RecursionError``). :func:`iter_tensors` and :func:`iter_named_tensors` have no depth limit
+and no recursion (an explicit stack: any depth costs time in proportion to the input, never a
+``RecursionError``), and enter each container (and, with ``objects=True``, each object) at
+most once per walk, by identity: a cycle is cut and a container shared by two places yields
+its tensors once, at the first; a tensor is yielded at every place it appears. The readers
+it replaced cut the walk at a fixed depth (8 in ``check_loader``, 20 in ``safetorch ckpt``)
+and saw only ``list``/``tuple``/``dict`` (and ``Mapping``): a tensor in a dataclass, a
+``deque`` or below that depth was missed, and ``lint_model`` lost the data flow through a
+module that returns a dataclass.
 """
 
 from __future__ import annotations
@@ -50,11 +65,12 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
-from typing import Any, Callable, List, Optional
+import types
+from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 
 import torch
 
-__all__ = ["map_tensors", "DESCEND"]
+__all__ = ["map_tensors", "iter_tensors", "iter_named_tensors", "attribute_names", "DESCEND"]
 
 _Tensor = torch.Tensor
 _Mapping = collections.abc.Mapping
@@ -125,6 +141,87 @@ def map_tensors(
         return o if leaf is None else leaf(o)
 
     return walk(obj)
+
+
+def iter_tensors(obj: Any, *, objects: bool = False) -> Iterator[torch.Tensor]:
+    """Yield every tensor inside ``obj``, depth first, in container order.
+
+    The containers are :func:`map_tensors`'s (mappings, tuples, sequences, dataclass fields;
+    strings, bytes, ranges and classes are leaves); nothing is rebuilt or called. See the
+    module docstring for the depth and cycle policy.
+
+    Args:
+        obj: A tensor or a nested structure.
+        objects: Also look into the instance attributes (``__dict__`` and filled
+            ``__slots__``, see :func:`attribute_names`) of every other object, dataclasses
+            included (their non-field attributes too; not of modules): what
+            ``st.check_loader`` needs to tell whether a batch object holds tensors.
+
+    >>> import torch
+    >>> from safetorch._nest import iter_tensors
+    >>> [int(t) for t in iter_tensors({"a": [torch.tensor(1), (torch.tensor(2), "x")]})]
+    [1, 2]
+    """
+    for _, tensor in _walk(obj, objects):
+        yield tensor
+
+
+def iter_named_tensors(obj: Any, *, objects: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
+    """:func:`iter_tensors` with each tensor's dotted path: keys, indices and field names.
+
+    >>> import torch
+    >>> from safetorch._nest import iter_named_tensors
+    >>> [k for k, _ in iter_named_tensors({"a": [torch.tensor(1), {"b": torch.tensor(2)}]})]
+    ['a.0', 'a.1.b']
+    """
+    for path, tensor in _walk(obj, objects):
+        yield ".".join(map(str, path)), tensor
+
+
+def _walk(obj: Any, objects: bool) -> Iterator[Tuple[Tuple[Any, ...], torch.Tensor]]:
+    # Iterative (an explicit stack), so that depth costs no Python recursion: a deeply nested
+    # input (an untrusted checkpoint) is walked, never a RecursionError.
+    entered: Set[int] = set()
+    stack: List[Tuple[Tuple[Any, ...], Any]] = [((), obj)]
+    while stack:
+        path, o = stack.pop()
+        if isinstance(o, _Tensor):
+            yield path, o
+            continue
+        if isinstance(o, _ATOMS) or id(o) in entered:
+            continue
+        if isinstance(o, _Mapping):
+            items: List[Tuple[Any, Any]] = list(o.items())
+        elif isinstance(o, _Sequence):  # tuples (named or not) included
+            items = list(enumerate(o))
+        elif objects and not isinstance(o, types.ModuleType):  # a module's globals: no batch
+            items = [(name, getattr(o, name)) for name in attribute_names(o)]
+        elif dataclasses.is_dataclass(o):
+            items = [(f.name, getattr(o, f.name)) for f in dataclasses.fields(o)]
+        else:
+            continue
+        entered.add(id(o))
+        stack.extend((path + (key,), value) for key, value in reversed(items))
+
+
+def attribute_names(obj: Any) -> List[str]:
+    """The instance attributes of an object: ``__dict__`` entries and filled ``__slots__``.
+
+    >>> class A:
+    ...     __slots__ = ("x", "y")
+    ...     def __init__(self):
+    ...         self.x = 1
+    >>> attribute_names(A())
+    ['x']
+    """
+    names = list(getattr(obj, "__dict__", {}))
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in names:
+                if hasattr(obj, name):
+                    names.append(name)
+    return names
 
 
 def _rebuild_mapping(obj: Any, values: dict) -> Any:

@@ -4,7 +4,9 @@ Standard library only (``safetorch check`` and the docs read it without torch). 
 the public safetorch function(s) that are the one implementation of the pitfall, the
 monkeypatch family that routes legacy torch calls to them, the ``safetorch check`` rule codes
 that find the legacy spelling in source code, and the id of the runtime finding a check
-reports. A face a pitfall cannot have carries the reason instead. ``tests/core/
+reports. A face a pitfall cannot have carries the reason instead. ``functions`` lists every
+pitfall function a face of the row names: the function that reports its runtime finding
+(``st.lint_model``, ``st.check_loader``) and the ones its messages suggest. ``tests/core/
 test_core_pitfalls.py`` proves every row resolves (functions exist, patches are declared, rules
 are registered, findings are emitted) and that the README's table is :func:`markdown_table`.
 
@@ -121,7 +123,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "torch-syncbn-device",
         "SyncBatchNorm where it cannot run",
         "convert_sync_batchnorm converts without a process group or on devices it cannot use",
-        ("st.convert_sync_batchnorm", "st.SyncBatchNorm"),
+        ("st.convert_sync_batchnorm", "st.SyncBatchNorm", "st.lint_model"),
         "syncbn",
         ("ST014",),
         ("torch-syncbn-device",),
@@ -142,7 +144,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "dropout-before-bn",
         "Dropout before BatchNorm",
         "train and eval statistics disagree (variance shift)",
-        ("st.lint_model",),
+        ("st.lint_model", "st.nn.recalibrate_bn"),
         None,
         ("ST009",),
         ("dropout-before-bn",),
@@ -177,7 +179,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "batch-not-pinnable",
         "pin_memory=True silently skips custom batches",
         "batch objects without pin_memory() stay pageable: no overlap of copy and compute",
-        ("st.PinnedBatch", "st.data.pin", "st.data.collate"),
+        ("st.PinnedBatch", "st.data.pin", "st.data.collate", "st.check_loader"),
         "pin_memory",
         ("ST010",),
         ("batch-not-pinnable",),

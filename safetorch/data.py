@@ -47,7 +47,8 @@ import torch.utils.data
 
 from safetorch import _device
 from safetorch import device as _device_move
-from safetorch._nest import DESCEND, map_tensors
+from safetorch._nest import DESCEND, iter_tensors, map_tensors
+from safetorch._nest import attribute_names as _attribute_names
 from safetorch._stack import user_stacklevel
 from safetorch.errors import DataWarning
 from safetorch.findings import Finding
@@ -154,28 +155,9 @@ def _pin_itself(obj: Any) -> Any:
     return method() if callable(method) else DESCEND
 
 
-def _attribute_names(obj: Any) -> List[str]:
-    """Instance attributes of an object: ``__dict__`` entries and filled ``__slots__``."""
-    names = list(getattr(obj, "__dict__", {}))
-    for klass in type(obj).__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and name not in names:
-                if hasattr(obj, name):
-                    names.append(name)
-    return names
-
-
-def _contains_tensor(obj: Any, depth: int = 0) -> bool:
-    if isinstance(obj, _Tensor):
-        return True
-    if depth > 8 or isinstance(obj, (str, bytes, type)):
-        return False
-    if isinstance(obj, collections.abc.Mapping):
-        return any(_contains_tensor(v, depth + 1) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return any(_contains_tensor(v, depth + 1) for v in obj)
-    return any(_contains_tensor(getattr(obj, n), depth + 1) for n in _attribute_names(obj))
+def _contains_tensor(obj: Any) -> bool:
+    # Attributes of any object too: a batch class need not be a dataclass.
+    return next(iter_tensors(obj, objects=True), None) is not None
 
 
 # --- batch base class --------------------------------------------------------------------
@@ -505,7 +487,13 @@ def _unpinnable_type(loader: torch.utils.data.DataLoader, batch: Any) -> Optiona
 
 
 def _find_unpinnable(obj: Any, depth: int) -> Any:
-    """The first object torch's pin_memory would pass through with tensors inside."""
+    """The first object torch's pin_memory would pass through with tensors inside.
+
+    Not a walker over safetorch's containers (``safetorch._nest``) but a model of torch's own
+    ``pin_memory`` recursion (mappings, sequences, objects with ``pin_memory()``), which is
+    what decides what torch leaves unpinned; whether such an object holds tensors is
+    ``_nest.iter_tensors``'s answer.
+    """
     if depth > 8 or isinstance(obj, (_Tensor, str, bytes, type)):
         return None
     if callable(getattr(obj, "pin_memory", None)):

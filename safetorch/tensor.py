@@ -896,23 +896,15 @@ def _fused_forward(
         form, xk, kidx = _triton_index.GATHER, _restricted(xd, index, plan.d), index
     else:
         form, xk, kidx = _triton_index.TAKE, xd, index.reshape(-1)
+    # The kernel on these operands; each mode adds its record buffers.
     code = _triton_index.MODES[mode]
-    launch = _triton_index.launch
+    launch = functools.partial(
+        _triton_index.launch, xk, kidx, out, form=form, d=plan.d, lo=plan.lo, mode=code
+    )
     if mode == "raise":
         rec, flag = _raise_buffer(x.device)
         call = next(_call_ids)
-        launch(
-            xk,
-            kidx,
-            out,
-            form=form,
-            d=plan.d,
-            lo=plan.lo,
-            mode=code,
-            rec=rec,
-            flag=flag,
-            call_id=call,
-        )
+        launch(rec=rec, flag=flag, call_id=call)
         bad, pending = rec[:2].tolist()  # the one host sync
         if bad == call:
             _raise_fused_error(plan, x, index, dim)
@@ -924,22 +916,10 @@ def _fused_forward(
         # write into the record that is current (the fused kernel writes in place).
         with _deferred.lock:
             rec = _device_state(x.device)
-            launch(
-                xk,
-                kidx,
-                out,
-                form=form,
-                d=plan.d,
-                lo=plan.lo,
-                mode=code,
-                rec=rec,
-                call_id=next(_call_ids),
-                dim_no=plan.d,
-                site=site,
-            )
+            launch(rec=rec, call_id=next(_call_ids), dim_no=plan.d, site=site)
         return out
     # clip / wrap / fill record nothing: the index stands in for the unused record pointers
-    launch(xk, kidx, out, form=form, d=plan.d, lo=plan.lo, mode=code, rec=kidx, fill_bits=fill)
+    launch(rec=kidx, fill_bits=fill)
     return out
 
 

@@ -20,6 +20,11 @@ from hypothesis import HealthCheck, settings
 
 from safetorch import _compat, _device
 
+# The shared hypothesis strategies (tests/_strategies.py): --import-mode=importlib puts no test
+# folder on sys.path, so test files import them as `from _strategies import ...` through this.
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
+
 # Shared CI machines are noisy: no per-example deadline. Property tests that must reach a
 # number of examples set max_examples themselves.
 settings.register_profile(

@@ -50,6 +50,7 @@ import torch
 from safetorch import _compat
 from safetorch._atomic import atomic_write, atomic_write_dir
 from safetorch._cli import paint, say_error
+from safetorch._nest import iter_named_tensors, iter_tensors
 from safetorch.checkpoint import _unpickler, dcp, formats, layouts, reader, torchfile
 from safetorch.checkpoint.formats import STATE_FORMAT
 from safetorch.checkpoint.keys import (
@@ -83,19 +84,6 @@ __all__ = [
 
 # Show a progress bar only for inputs larger than this (and only on a terminal).
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
-
-
-def _iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif depth > 20:
-        return
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from _iter_tensors(v, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _iter_tensors(v, depth + 1)
 
 
 _storage_of: Callable[[torch.Tensor], Any]
@@ -245,7 +233,7 @@ def inspect_checkpoint(
     seen = set()
     count, total = 0, 0
     dtypes: Dict[str, int] = collections.Counter()
-    for t in _iter_tensors(obj):
+    for t in iter_tensors(obj):
         count += 1
         dtypes[str(t.dtype).replace("torch.", "")] += 1
         storage = _storage_of(t)
@@ -744,7 +732,7 @@ def _convert(
                 f"{_leading_prefixes(keys, 6) or 'none'}"
             )
         obj = _strip_leading_prefix(obj, strip)
-    tensors = list(_iter_tensors(obj))
+    tensors = list(iter_tensors(obj))
     summary: Dict[str, Any] = {"format": fmt, "tensors": len(tensors), "key": written_key}
     box: List[Optional[str]] = [None]  # the temp path being written, for the progress bar
 
@@ -756,7 +744,7 @@ def _convert(
             raise CheckpointError(
                 f"--to dcp needs a dict checkpoint; {src!r} holds a {type(obj).__name__}"
             )
-        _check_output_bytes(src, list(_named_tensors(obj)), tensors, max_bytes, "dcp")
+        _check_output_bytes(src, list(iter_named_tensors(obj)), tensors, max_bytes, "dcp")
         progress.start(sum(map(_nbytes, tensors)), "writing")
 
         def write_dcp(tmp: str) -> None:
@@ -863,20 +851,6 @@ def _check_output_bytes(
         f"--max-bytes {max(1, -(-need // 2**30))}GiB) to write them anyway, or --to torch, which "
         "keeps views as they are"
     )
-
-
-def _named_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[Tuple[str, Any]]:
-    """``(dotted key, tensor)`` for every tensor in ``obj`` (as :func:`_iter_tensors`)."""
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif depth > 20:
-        return
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            yield from _named_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _named_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
 
 
 def _size_of(path: str) -> int:

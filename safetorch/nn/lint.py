@@ -35,6 +35,7 @@ from safetorch import _dist
 from safetorch._compat import BatchNormBase as _BatchNorm
 from safetorch._compat import ConvNdBase as _ConvNd
 from safetorch._compat import DropoutNdBase as _DropoutNd
+from safetorch._nest import iter_tensors
 from safetorch.findings import Finding
 from safetorch.nn import syncbn as _syncbn
 from safetorch.nn.batchnorm import eval_mode
@@ -129,13 +130,8 @@ def _graph_from_fx(model: nn.Module) -> List[_Node]:
 
 
 def _tensors_in(value: Any) -> List[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    return []
+    # The inputs and outputs of module calls, through every container safetorch knows.
+    return list(iter_tensors(value))
 
 
 def _run_with_hooks(

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from safetorch._compat import Scatter
-from safetorch._nest import map_tensors
+from safetorch._nest import iter_tensors, map_tensors
 from safetorch._stack import user_stacklevel
 from safetorch.errors import DistributedWarning
 
@@ -56,8 +56,7 @@ def _even(total: int, parts: int) -> List[int]:
 def _batch_size(inputs: Tuple[Any, ...], kwargs: Dict[str, Any], dim: int) -> Optional[int]:
     """Size along ``dim`` shared by every tensor in ``inputs`` and ``kwargs``."""
     sizes: List[Tuple[int, torch.Size]] = []
-
-    def record(t: torch.Tensor) -> torch.Tensor:
+    for t in iter_tensors((inputs, kwargs)):
         if t.dim() <= dim:
             raise ValueError(
                 f"BalancedDataParallel scatters along dim={dim}, but got a tensor of shape "
@@ -65,9 +64,6 @@ def _batch_size(inputs: Tuple[Any, ...], kwargs: Dict[str, Any], dim: int) -> Op
                 "constant tensors into the module (as buffers)"
             )
         sizes.append((t.shape[dim], t.shape))
-        return t
-
-    map_tensors(record, (inputs, kwargs))
     if not sizes:
         return None
     first, first_shape = sizes[0]

@@ -13,6 +13,7 @@ import pickle
 import re
 import warnings
 from fractions import Fraction
+from typing import Any
 
 import pytest
 import torch
@@ -28,14 +29,31 @@ def _flag(name: str) -> _compat.Flag:
     return next(f for f in _compat.flags() if f.name == name)
 
 
-def test_print_detected_flags(record_property: pytest.RecordProperty) -> None:
+def _reported_flags() -> dict:
+    """``{name: value}`` of the flags ``safetorch doctor`` reports."""
+    from safetorch import _doctor
+
+    return {f["name"]: f["value"] for f in _doctor.collect()["flags"]}
+
+
+def test_detected_flags_are_what_doctor_reports(
+    record_property: pytest.RecordProperty, simulate_torch: Any
+) -> None:
+    """``safetorch doctor`` (and ``_compat.flags()``) report every flag with the value the
+    library branches on, also while a test simulates an older torch. ``pytest -s`` prints the
+    table (and ``--junitxml`` records it) for the compatibility matrix."""
+    assert _reported_flags() == {name: getattr(_compat, name) for name in _compat._FLAGS}
     rows = [f"torch {_compat.TORCH_VERSION} (release {INSTALLED})"]
     for f in _compat.flags():
         expected = "-" if f.since == "-" else str(INSTALLED >= Version(f.since))
         rows.append(f"  {f.name:32} {f.value!s:5} since {f.since:5} expected {expected:5}")
         record_property(f.name, f.value)
     print("\n".join(rows))
-    assert len(rows) == len(_compat._FLAGS) + 1
+    flipped = {"LOAD_HAS_MMAP": not _compat.LOAD_HAS_MMAP}
+    with simulate_torch(**flipped):
+        assert _compat.LOAD_HAS_MMAP is flipped["LOAD_HAS_MMAP"]
+        assert _reported_flags()["LOAD_HAS_MMAP"] is flipped["LOAD_HAS_MMAP"]
+    assert _reported_flags()["LOAD_HAS_MMAP"] is not flipped["LOAD_HAS_MMAP"]
 
 
 def test_every_flag_is_declared_once() -> None:

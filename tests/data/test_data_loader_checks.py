@@ -173,3 +173,30 @@ def test_num_workers_quiet_where_it_cannot_matter(monkeypatch: pytest.MonkeyPatc
     assert st.check_loader(DataLoader(_Indexed(8), batch_size=2)) == []  # 4 batches
     assert st.check_loader(DataLoader(ds(4000), batch_size=2)) == []  # in-memory tensors
     assert rules(st.check_loader(DataLoader(_Indexed(400), batch_size=2))) == ["num-workers-0"]
+
+
+def test_batch_objects_hold_tensors_at_any_depth_and_in_any_container(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whether a pass-through batch object holds tensors is ``_nest.iter_tensors``'s answer.
+
+    The walker it replaced saw only list/tuple/Mapping and stopped at depth 8, so it let these
+    batches through as "no tensors inside" although torch leaves every tensor in them unpinned.
+    """
+    from collections import deque
+
+    class Holder:
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
+    monkeypatch.setattr(_device, "_accelerator_impl", lambda: True)
+    loader = DataLoader(ds(8), batch_size=4, num_workers=2, pin_memory=True)
+    in_deque = Holder(deque([torch.zeros(1)]))
+    deep: Any = torch.zeros(1)
+    for _ in range(12):
+        deep = Holder(deep)
+    cycle = Holder(None)
+    cycle.value = [cycle, "no tensor"]  # a cycle is cut, not followed forever
+    assert rules(st.check_loader(loader, batch=in_deque)) == ["batch-not-pinnable"]
+    assert rules(st.check_loader(loader, batch=deep)) == ["batch-not-pinnable"]
+    assert st.check_loader(loader, batch=cycle) == []

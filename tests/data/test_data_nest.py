@@ -192,3 +192,47 @@ def test_a_mapping_that_cannot_be_rebuilt_becomes_a_dict() -> None:
 
     out = st.to_device(NoCopy({"a": torch.ones(1)}, "me"), "meta")
     assert type(out) is dict and out["a"].is_meta  # as torch's pin_memory falls back
+
+
+def test_iter_tensors_reads_what_map_tensors_maps() -> None:
+    """``iter_tensors``: the same containers as ``map_tensors``, the same tensors in the same
+    order, nothing rebuilt and nothing called."""
+    from safetorch._nest import iter_tensors
+
+    batch = nested()
+    assert [id(t) for t in iter_tensors(batch)] == [id(t) for t in tensors_in(batch)]
+    assert list(iter_tensors("text")) == [] and list(iter_tensors(range(3))) == []
+
+
+def test_iter_tensors_depth_and_cycle_policy() -> None:
+    from safetorch._nest import iter_tensors
+
+    t = torch.ones(1)
+    deep: Any = t
+    for _ in range(5000):  # no depth limit (the readers it replaced stopped at 8 or 20) and
+        deep = [deep]  # no recursion: deeper than Python's recursion limit
+    assert list(iter_tensors(deep)) == [t]
+    loop: List[Any] = [t]
+    loop.append(loop)  # a cycle is cut: its container is entered once
+    assert list(iter_tensors(loop)) == [t]
+    shared = [t]
+    assert len(list(iter_tensors([shared, shared, t]))) == 2  # a container once, a tensor each time
+
+    class Plain:
+        def __init__(self) -> None:
+            self.x = t
+
+    assert list(iter_tensors(Plain())) == []  # a plain object is a leaf ...
+    assert list(iter_tensors(Plain(), objects=True)) == [t]  # ... unless objects=True
+    holder = Plain()
+    holder.x = torch  # a module: its globals are not walked
+    assert list(iter_tensors(holder, objects=True)) == []
+
+
+def test_iter_named_tensors_paths() -> None:
+    from safetorch._nest import iter_named_tensors
+
+    batch = {"dc": Derived(torch.ones(1)), "point": Point(torch.ones(1), [torch.zeros(1)])}
+    names = [name for name, _ in iter_named_tensors(batch)]
+    assert names == ["dc.x", "dc.cache", "point.0", "point.1.0"]
+    assert [name for name, _ in iter_named_tensors(torch.ones(1))] == [""]

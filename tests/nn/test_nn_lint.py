@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 
 import pytest
@@ -265,3 +266,31 @@ def test_lint_model_wrong_types_raise_type_error() -> None:
         st.lint_model("m")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"fix=\.\.\.\) expects a bool, got str"):
         st.lint_model(torch.nn.Linear(1, 1), fix="yes")  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass
+class _Out:
+    x: torch.Tensor
+
+
+class _DropToRecord(nn.Dropout):
+    def forward(self, x):
+        return _Out(super().forward(x))
+
+
+class _RecordFlow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = _DropToRecord(0.5)
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent: torch.fx cannot trace, so the forward hooks decide
+            x = x + 1
+        return self.bn(self.drop(x).x)
+
+
+def test_forward_hooks_follow_tensors_through_dataclass_outputs():
+    """The hook graph finds tensors with safetorch._nest's rules: the walker it replaced saw
+    only list/tuple/dict, so a module returning a dataclass fed nothing and this was missed."""
+    assert rules(st.lint_model(_RecordFlow(), torch.ones(2, 4))) == [("dropout-before-bn", "drop")]

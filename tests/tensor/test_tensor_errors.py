@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 import torch
+from _strategies import near_bound_index
 from hypothesis import given, settings
-from hypothesis import strategies as st_
 
 import safetorch as st
 
@@ -175,33 +175,9 @@ def test_modes_raise_cpu_wording_for_bad_ints_and_masks(mode: str) -> None:
 
 
 # --- property: random indices, shapes with empty dimensions ---------------------------------
-@st_.composite
-def error_case(draw: Any) -> Any:
+def error_case() -> Any:
     """x (dims of size 0..3) and an index of 1-3 tensors/lists/masks/ints, often out of range."""
-    shape = tuple(draw(st_.lists(st_.integers(0, 3), min_size=1, max_size=3)))
-    comps: list = []
-    for dim in range(draw(st_.integers(1, len(shape)))):
-        kind = draw(st_.sampled_from(["tensor", "tensor", "list", "mask", "int", "slice"]))
-        n = shape[dim]
-        if kind == "tensor":
-            ishape = draw(st_.sampled_from([(1,), (2,), (2, 1), (0,), ()]))
-            k = int(np.prod(ishape))
-            vals = draw(st_.lists(st_.integers(-n - 2, n + 2), min_size=k, max_size=k))
-            comps.append(T(vals, dtype=torch.int64).reshape(ishape))
-        elif kind == "list":
-            comps.append(draw(st_.lists(st_.integers(-n - 2, n + 2), min_size=1, max_size=3)))
-        elif kind == "mask":
-            m = draw(st_.sampled_from([n, n + 1, max(n - 1, 0)]))
-            comps.append(
-                T(draw(st_.lists(st_.booleans(), min_size=m, max_size=m)), dtype=torch.bool)
-            )
-        elif kind == "int":
-            comps.append(draw(st_.integers(-n - 1, n + 1)))
-        else:
-            comps.append(slice(None))
-    if draw(st_.booleans()):
-        comps.insert(draw(st_.integers(0, len(comps))), draw(st_.sampled_from([None, Ellipsis])))
-    return torch.zeros(shape), tuple(comps)
+    return near_bound_index().map(lambda case: (torch.zeros(case[0]), case[1]))
 
 
 @settings(max_examples=300, deadline=None)

@@ -13,6 +13,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
+from _strategies import index_dtypes
+from _strategies import shapes as _shapes
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
@@ -20,7 +22,7 @@ import safetorch as st
 
 N = 500  # examples per property, as the foundation issue requires
 
-shapes = st_.lists(st_.integers(0, 4), min_size=0, max_size=3).map(tuple)
+shapes = _shapes()  # 0-3 dims of size 0..4
 
 
 def _outcome(fn: Callable[[], Any]) -> Any:
@@ -75,7 +77,7 @@ def index_components(draw: Any, ndim: int) -> Any:
                     st_.integers(-7, 7), min_size=int(np.prod(shape)), max_size=int(np.prod(shape))
                 )
             )
-            dtype = draw(st_.sampled_from([torch.int64, torch.int32]))
+            dtype = draw(index_dtypes)
             comps.append(torch.tensor(vals, dtype=dtype).reshape(shape))
         elif kind == "list":
             comps.append(draw(st_.lists(st_.integers(-7, 7), min_size=1, max_size=3)))
@@ -115,7 +117,7 @@ def test_checked_index_matches_torch(case: Any) -> None:
     shapes,
     st_.integers(-4, 3),
     st_.lists(st_.integers(-8, 8), max_size=6),
-    st_.sampled_from([torch.int64, torch.int32]),
+    index_dtypes,
     st_.booleans(),
 )
 def test_index_select_matches_torch(

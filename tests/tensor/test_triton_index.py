@@ -42,6 +42,7 @@ if not _triton_index.INTERPRET:
         allow_module_level=True,
     )
 
+from _strategies import index_dtypes  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st_  # noqa: E402
 
@@ -177,7 +178,7 @@ def index_tensors(draw: Any, n: int, lo: int, max_dims: int = 2) -> torch.Tensor
     for s in shape:
         count *= s
     vals = draw(st_.lists(st_.integers(lo - 3, n + 2), min_size=count, max_size=count))
-    dtype = draw(st_.sampled_from([torch.int64, torch.int32]))
+    dtype = draw(index_dtypes)
     t = torch.tensor(vals, dtype=torch.int64).to(dtype).reshape(shape)
     if t.dim() == 2 and draw(st_.booleans()):
         t = t.t().contiguous().t()  # non-contiguous index
@@ -212,7 +213,7 @@ def gather_cases(draw: Any) -> Any:
     for s in shape:
         count *= s
     vals = draw(st_.lists(st_.integers(-3, n + 2), min_size=count, max_size=count))
-    dtype = draw(st_.sampled_from([torch.int64, torch.int32]))
+    dtype = draw(index_dtypes)
     return x, dim, torch.tensor(vals, dtype=torch.int64).to(dtype).reshape(shape)
 
 
