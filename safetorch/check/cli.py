@@ -282,29 +282,26 @@ def _statistics(fmt: str, diagnostics: Sequence[Any]) -> None:
 
 
 def _list_rules(fmt: str) -> None:
-    from safetorch.check.rules import RULE_TABLE
+    """Every rule, from the rule classes and their rows (``rules.list_rules_text``)."""
+    from safetorch.check import rules
 
     if fmt == "json":
-        rows = [
+        data = [
             {
                 "code": r.code,
                 "name": r.name,
+                "summary": r.summary,
                 "pitfall_id": r.pitfall_id,
                 "pitfall": r.pitfall,
                 "safetorch": r.safetorch,
                 "fix": r.fix_applicability if r.fixable else "manual",
+                "docs": r.docs,
             }
-            for r in RULE_TABLE.values()
+            for r in rules.RULE_TABLE.values()
         ]
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
-    for r in RULE_TABLE.values():
-        fix = r.fix_applicability if r.fixable else "manual"
-        target = r.safetorch or "-"
-        print(f"{r.code}  {r.name:<38} fix: {fix:<12} safetorch: {target}")
-        print(f"       {r.pitfall}")
-        if r.pitfall_id:
-            print(f"       pitfall: {r.pitfall_id}")
+    sys.stdout.write(rules.list_rules_text())
 
 
 def _gh_escape(text: str, prop: bool = False) -> str:
@@ -347,8 +344,10 @@ def format_sarif(diagnostics: Sequence[Any]) -> Dict[str, Any]:
         {
             "id": r.code,
             "name": r.name,
-            "shortDescription": {"text": r.pitfall},
+            "shortDescription": {"text": r.summary},
+            "fullDescription": {"text": r.pitfall},
             "help": {"text": f"safetorch check --explain {r.code}"},
+            **({"helpUri": r.docs} if r.docs else {}),
             "properties": {
                 "safetorch": r.safetorch,
                 "fix": r.fix_applicability,

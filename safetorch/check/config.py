@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from safetorch.check.engine import parse_codes
+
 __all__ = ["ConfigError", "Settings", "find_config", "load_settings", "parse_version"]
 
 _KEYS = frozenset({"select", "ignore", "per-file-ignores", "extend-exclude", "min-torch-version"})
@@ -178,7 +180,7 @@ def _codes(table: Dict[str, Any], key: str, path: str) -> Tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{path}: [tool.safetorch] {key} must be a list of rule codes")
-    return tuple(v.strip().upper() for v in value if v.strip())
+    return parse_codes(value) or ()
 
 
 def load_settings(config: Optional[str]) -> Settings:

@@ -11,7 +11,20 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 __all__ = [
     "SAFE",
@@ -21,8 +34,11 @@ __all__ = [
     "Edit",
     "Fix",
     "Options",
+    "Positioned",
     "Rule",
     "analyze",
+    "end_position",
+    "parse_codes",
     "split_lines",
 ]
 
@@ -37,7 +53,8 @@ SYNTAX_ERROR_CODE = "ST000"
 _NOQA = re.compile(
     r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE
 )
-_CODE = re.compile(r"[A-Z]+[0-9]+", re.IGNORECASE)
+# Between the codes of a list: commas and whitespace ("ST003,ST004", "ST003, ST004").
+_CODE_SEPARATORS = re.compile(r"[\s,]+")
 # Lines exactly as the tokenizer counts them (str.splitlines would also split on \x0c, \x1c, ...).
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
 
@@ -52,6 +69,45 @@ _CANONICAL = {
     "torch.serialization.load": "torch.load",
     "torch.serialization.save": "torch.save",
 }
+
+
+def parse_codes(spec: Union[str, Iterable[str], None]) -> Optional[Tuple[str, ...]]:
+    """Rule codes as every list of them is read: ``--select``/``--ignore`` values, the codes of
+    a ``# noqa:`` comment (a string: separated by commas or whitespace) and configuration lists
+    (one code or prefix per item); stripped, upper-cased, empty items dropped.
+
+    Args:
+        spec: A string, an iterable of codes, or None.
+
+    Returns:
+        The codes in order, or None for None.
+
+    >>> parse_codes("st003, ST004,,"), parse_codes(["st0 "]), parse_codes(None)
+    (('ST003', 'ST004'), ('ST0',), None)
+    """
+    if spec is None:
+        return None
+    items = _CODE_SEPARATORS.split(spec) if isinstance(spec, str) else spec
+    return tuple(code.strip().upper() for code in items if code.strip())
+
+
+class Positioned(Protocol):
+    """A node with a source position: every ``ast.expr`` and ``ast.stmt``, and ``keyword``,
+    ``arg``, ``excepthandler``, ``alias``, ``pattern`` nodes (typeshed's ``ast.AST`` has none)."""
+
+    lineno: int
+    col_offset: int
+    end_lineno: Optional[int]
+    end_col_offset: Optional[int]
+
+
+def end_position(node: Positioned) -> Tuple[int, int]:
+    """(line, UTF-8 byte column) just past the end of ``node``; a parsed node always has one
+    (a node made by hand without it gives its start)."""
+    line, col = node.end_lineno, node.end_col_offset
+    if line is None or col is None:
+        return node.lineno, node.col_offset
+    return line, col
 
 
 def split_lines(source: str) -> List[str]:
@@ -230,6 +286,32 @@ class Context:
         self._lines: Optional[List[str]] = None
         # Several rules ask about the same callee; nodes outlive the check, so ids are stable.
         self._qualnames: Dict[int, Optional[str]] = {}
+        self._subtrees: Optional[_Subtrees] = None
+
+    # -- the tree ------------------------------------------------------------------------
+    @property
+    def subtrees(self) -> "_Subtrees":
+        """The file's nodes in pre-order with each node's subtree span (built on first use)."""
+        if self._subtrees is None:
+            self._subtrees = _Subtrees(self.tree)
+        return self._subtrees
+
+    def walk(self, node: ast.AST) -> List[ast.AST]:
+        """``node`` and every node under it, in pre-order: ``ast.walk`` for the rules, answered
+        from this file's index (a slice of one traversal) when ``node`` belongs to its tree.
+
+        The index belongs to this context, so files checked at the same time in several
+        threads never see each other's.
+
+        >>> ctx = Context("m.py", "x = f(y)\\n")
+        >>> [type(n).__name__ for n in ctx.walk(ctx.tree.body[0].value)]
+        ['Call', 'Name', 'Name']
+        """
+        index = self.subtrees
+        found = index.span.get(id(node))
+        if found is not None and index.order[found[0]] is node:
+            return index.order[found[0] : found[1]]
+        return list(ast.walk(node))
 
     # -- source text and positions -------------------------------------------------------
     @property
@@ -248,17 +330,17 @@ class Context:
             return byte_col
         return len(text.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
 
-    def start(self, node: ast.AST) -> Tuple[int, int]:
+    def start(self, node: Positioned) -> Tuple[int, int]:
         """(line, character column) where ``node`` starts."""
-        line = node.lineno  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
-        return line, self.char_col(line, node.col_offset)  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
+        line = node.lineno
+        return line, self.char_col(line, node.col_offset)
 
-    def end(self, node: ast.AST) -> Tuple[int, int]:
+    def end(self, node: Positioned) -> Tuple[int, int]:
         """(line, character column) just past the end of ``node``."""
-        line = node.end_lineno  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
-        return line, self.char_col(line, node.end_col_offset)  # type: ignore[attr-defined]  # ast.AST has no position attributes in typeshed; nodes here are stmt/expr
+        line, col = end_position(node)
+        return line, self.char_col(line, col)
 
-    def segment(self, node: ast.AST) -> str:
+    def segment(self, node: Positioned) -> str:
         """The source text of ``node`` (whitespace and comments inside it kept)."""
         # Not ast.get_source_segment: it re-splits the whole file on every call.
         line, col = self.start(node)
@@ -270,11 +352,11 @@ class Context:
         return "".join(parts)
 
     # -- edits ---------------------------------------------------------------------------
-    def replace(self, node: ast.AST, content: str) -> Edit:
+    def replace(self, node: Positioned, content: str) -> Edit:
         """An edit replacing the whole text of ``node``."""
         return Edit(*self.start(node), *self.end(node), content)
 
-    def insert_after(self, node: ast.AST, content: str) -> Edit:
+    def insert_after(self, node: Positioned, content: str) -> Edit:
         """An edit inserting ``content`` right after ``node``."""
         line, col = self.end(node)
         return Edit(line, col, line, col, content)
@@ -351,7 +433,7 @@ class Context:
     def report(
         self,
         code: str,
-        node: ast.AST,
+        node: Positioned,
         message: str,
         fix: Optional[Fix] = None,
     ) -> None:
@@ -373,10 +455,8 @@ class Context:
             match = _NOQA.search(text)
             if match is None:
                 continue
-            codes = match.group("codes")
-            if codes is None:
-                return True
-            if diag.code.upper() in {c.upper() for c in _CODE.findall(codes)}:
+            codes = parse_codes(match.group("codes"))
+            if codes is None or diag.code.upper() in codes:
                 return True
         return False
 
@@ -419,7 +499,7 @@ class Rule:
     def finish(self) -> None:
         """Called once after the walk, for rules that collect first and judge at the end."""
 
-    def report(self, node: ast.AST, message: str, fix: Optional[Fix] = None) -> None:
+    def report(self, node: Positioned, message: str, fix: Optional[Fix] = None) -> None:
         """Record a finding of this rule spanning ``node``."""
         self.ctx.report(self.code, node, message, fix)
 
@@ -430,14 +510,14 @@ _LEAF_FIELDS = frozenset(
     {"ctx", "op", "ops", "id", "attr", "arg", "kind", "type_comment", "level", "module"}
     | {"is_async", "conversion", "name", "names", "simple"}
 )
-_CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
+_CHILD_FIELDS: Dict[Type[ast.AST], Tuple[str, ...]] = {}
 
 
-def _child_fields(cls: type) -> Tuple[str, ...]:
+def _child_fields(cls: Type[ast.AST]) -> Tuple[str, ...]:
     """The fields of node class ``cls`` that can hold child nodes (cached per class)."""
     fields = _CHILD_FIELDS.get(cls)
     if fields is None:
-        fields = tuple(f for f in cls._fields if f not in _LEAF_FIELDS)  # type: ignore[attr-defined]  # every ast node class has _fields; typeshed types cls as type
+        fields = tuple(f for f in cls._fields if f not in _LEAF_FIELDS)
         if cls is ast.Constant or cls.__name__ == "MatchSingleton":
             fields = ()
         _CHILD_FIELDS[cls] = fields
@@ -486,20 +566,6 @@ class _Subtrees:
                 push((child, -1))
         self.order = order
         self.span = span
-
-
-_subtrees: Optional[_Subtrees] = None  # the file being checked (one at a time per process)
-
-
-def walk(node: ast.AST) -> List[ast.AST]:
-    """``node`` and every node under it (pre-order): ``ast.walk`` for the rules, answered from
-    the current file's :class:`_Subtrees` index when ``node`` belongs to it."""
-    index = _subtrees
-    if index is not None:
-        found = index.span.get(id(node))
-        if found is not None and index.order[found[0]] is node:
-            return index.order[found[0] : found[1]]
-    return list(ast.walk(node))
 
 
 def _walk(
@@ -587,15 +653,10 @@ def analyze(
     for inst in instances:
         for node_type in inst.node_types:
             handlers.setdefault(node_type, []).append(inst.visit)
-    global _subtrees
-    previous, _subtrees = _subtrees, _Subtrees(tree)
-    try:
-        _walk(ctx, handlers, _subtrees)
-        ctx.scope = tree
-        for inst in instances:
-            inst.finish()
-    finally:
-        _subtrees = previous
+    _walk(ctx, handlers, ctx.subtrees)
+    ctx.scope = tree
+    for inst in instances:
+        inst.finish()
     found = [d for d in ctx.diagnostics if not ctx.suppressed(d)]
     found.sort(key=lambda d: (d.line, d.col, d.code))
     return found

@@ -18,7 +18,6 @@ import difflib
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from safetorch.check.engine import Context, Diagnostic, Edit, split_lines
-from safetorch.check.engine import walk as walk_nodes
 
 __all__ = [
     "apply_fixes",
@@ -130,7 +129,7 @@ def parents(ctx: Context) -> Dict[int, ast.AST]:
     found = ctx.cache.get("parents")
     if found is None:
         found = {}
-        for node in walk_nodes(ctx.tree):
+        for node in ctx.walk(ctx.tree):
             for child in ast.iter_child_nodes(node):
                 found[id(child)] = node
         ctx.cache["parents"] = found
@@ -170,7 +169,7 @@ def enclosing_statement(
 
 def _bound_anywhere(ctx: Context, name: str) -> bool:
     """Whether the file binds ``name`` itself (assignment, parameter, def, class, import)."""
-    for node in walk_nodes(ctx.tree):
+    for node in ctx.walk(ctx.tree):
         if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
             return True
         if isinstance(node, ast.arg) and node.arg == name:
@@ -252,7 +251,7 @@ def _import_lines(ctx: Context, lines: List[str], stdlib: bool) -> Edit:
 def _string_lines(ctx: Context, first: int, last: int) -> Set[int]:
     """Lines in ``first..last`` that start inside a multi-line string (not to be indented)."""
     inside: Set[int] = set()
-    for node in walk_nodes(ctx.tree):
+    for node in ctx.walk(ctx.tree):
         if isinstance(node, (ast.Constant, ast.JoinedStr)) and node.end_lineno is not None:
             if node.end_lineno > node.lineno and node.lineno <= last and node.end_lineno >= first:
                 inside.update(range(node.lineno + 1, node.end_lineno + 1))

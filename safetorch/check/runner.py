@@ -15,7 +15,14 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Ty
 
 from safetorch._atomic import atomic_write_text
 from safetorch.check.config import Settings
-from safetorch.check.engine import SYNTAX_ERROR_CODE, Diagnostic, Options, Rule, analyze
+from safetorch.check.engine import (
+    SYNTAX_ERROR_CODE,
+    Diagnostic,
+    Options,
+    Rule,
+    analyze,
+    parse_codes,
+)
 from safetorch.check.fixer import apply_fixes
 from safetorch.check.rules import select_rules
 
@@ -61,22 +68,15 @@ _SELECTED: Dict[
 ] = {}
 
 
-def _codes(codes: Codes) -> Optional[Tuple[str, ...]]:
-    if codes is None:
-        return None
-    items = codes.split(",") if isinstance(codes, str) else list(codes)
-    return tuple(c.strip().upper() for c in items if c.strip())
-
-
 def _select(
     select: Codes, ignore: Codes, settings: Optional[Settings] = None, path: Optional[str] = None
 ) -> Tuple[Tuple[Type[Rule], ...], bool]:
     """The rules for one file: ``select`` (else the configured one), every ignore that applies."""
     settings = settings or _DEFAULT_SETTINGS
-    chosen = _codes(select)
+    chosen = parse_codes(select)
     if chosen is None:
         chosen = settings.select
-    dropped = (*settings.ignore, *(_codes(ignore) or ()))
+    dropped = (*settings.ignore, *(parse_codes(ignore) or ()))
     if path is not None:
         dropped += settings.ignores_for(path)
     key = (chosen, dropped)
@@ -442,6 +442,7 @@ def check_paths(
     >>> [d.code for r in check_paths([d]) for d in r.diagnostics]
     ['ST003', 'ST004']
     """
+    select, ignore = parse_codes(select), parse_codes(ignore)  # once, not once per file
     _select(select, ignore, settings)  # fail on a bad code before starting workers
     for _pattern, codes in settings.per_file_ignores if settings else ():
         select_rules(None, codes)

@@ -1,0 +1,22 @@
+"""ST000: a file that does not parse (reported by the engine; not a pitfall)."""
+
+from __future__ import annotations
+
+from safetorch.check.engine import SYNTAX_ERROR_CODE
+from safetorch.check.rules._base import Rule
+
+
+class SyntaxErrorRule(Rule):
+    """ST000: the file does not parse.
+
+    Reported with the parser's message at its position; the other files are still checked.
+    Nothing else is reported for this file.
+
+    safetorch: none.
+    """
+
+    code = SYNTAX_ERROR_CODE
+    name = "syntax-error"
+    has_row = False  # a file that does not parse is not a pitfall
+    pitfall = "the file is not valid Python"
+    torch_symbols = ()
