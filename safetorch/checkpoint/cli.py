@@ -564,24 +564,6 @@ def _for_safetensors(state_dict: Mapping[str, Any]) -> Tuple[Dict[str, torch.Ten
     return out, dropped
 
 
-_SAFETENSORS_CODES: Dict[torch.dtype, Optional[str]] = {}
-
-
-def _safetensors_code(dtype: torch.dtype) -> Optional[str]:
-    """The safetensors package's own name for ``dtype`` (``"F32"``), or None where it has
-    none: read from the header it writes for an empty tensor (no table of ours)."""
-    if dtype not in _SAFETENSORS_CODES:
-        package = reader.safetensors_package()
-        try:
-            data = package.torch.save({"x": torch.empty(0, dtype=dtype)})
-        except Exception:  # a dtype this safetensors cannot write
-            _SAFETENSORS_CODES[dtype] = None
-        else:
-            n = int.from_bytes(data[:8], "little")
-            _SAFETENSORS_CODES[dtype] = json.loads(data[8 : 8 + n])["x"]["dtype"]
-    return _SAFETENSORS_CODES[dtype]
-
-
 # A tensor is written in pieces of this size, so the progress bar moves within large ones.
 _WRITE_CHUNK = 16 * 1024 * 1024
 
@@ -597,7 +579,7 @@ def _write_safetensors(
     header: Dict[str, Any] = {}
     offset = 0
     for key, t in tensors.items():
-        code = _safetensors_code(t.dtype)
+        code = reader.safetensors_codes().get(t.dtype)
         if code is None or t.layout != torch.strided:
             raise CheckpointError(
                 f"--to safetensors: {key!r} is a {t.dtype} tensor ({t.layout}), which a "

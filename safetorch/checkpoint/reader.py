@@ -43,6 +43,7 @@ import json
 import math
 import os
 import stat
+import warnings
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 import torch
@@ -291,6 +292,31 @@ def safetensors_package() -> Any:
     return safetensors
 
 
+_CODES: Dict[torch.dtype, str] = {}
+
+
+def safetensors_codes() -> Dict[torch.dtype, str]:
+    """``{torch dtype: the safetensors package's name for it}`` (``torch.float32: "F32"``)
+    for every dtype of this torch the package can write: asked of the package itself, once,
+    from the header it writes for an empty tensor (no table of ours)."""
+    if not _CODES:
+        package = safetensors_package()
+        codes: Dict[torch.dtype, str] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on experimental/deprecated dtypes
+            for value in vars(torch).values():
+                if not isinstance(value, torch.dtype) or value in codes:
+                    continue
+                try:
+                    data = package.torch.save({"x": torch.empty(0, dtype=value)})
+                except Exception:  # a dtype the package has no name for
+                    continue
+                n = int.from_bytes(data[:8], "little")
+                codes[value] = json.loads(data[8 : 8 + n])["x"]["dtype"]
+        _CODES.update(codes)  # complete, or not at all (another thread may be here too)
+    return _CODES
+
+
 # Where an open descriptor can be opened again by name (the same open file, whatever its path
 # names now): the safetensors package opens files by name only.
 _FD_DIR = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
@@ -368,14 +394,16 @@ def _tensors_of(f: RegularFile) -> Dict[str, Tuple[torch.dtype, Tuple[int, ...]]
         return out
     # The descriptor the one reader opened and checked, opened again: the same file.
     name = f"{_FD_DIR}/{fd}" if _FD_DIR else f.path
+    dtypes = {code: dtype for dtype, code in safetensors_codes().items()}
     with safetensors.safe_open(name, framework="pt") as handle:
         if _FD_DIR is None and identity(os.stat(f.path)) != f.identity:
             raise CheckpointError(f"{f.path!r} changed while it was being read")
         for key in handle.keys():
             piece = handle.get_slice(key)
             shape = tuple(piece.get_shape())
-            # the package's own dtype: an empty slice (a 0-dim value is read, one element)
-            dtype = (piece[0:0] if shape else handle.get_tensor(key)).dtype
+            dtype = dtypes.get(piece.get_dtype())
+            if dtype is None:  # a name the package reads but never wrote here: ask it
+                dtype = (piece[0:0] if shape else handle.get_tensor(key)).dtype
             out[key] = (dtype, shape)
     return out
 
