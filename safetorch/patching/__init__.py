@@ -5,7 +5,8 @@
 ``SyncBatchNorm.convert_sync_batchnorm``) so that legacy code runs the same safe function a
 user would call directly (``st.upsample``, ``st.load``, ...). Nothing is patched on import.
 Each patch is a short declaration in this package; :mod:`safetorch.patching.registry` holds
-the mechanism.
+the mechanism. What a patch does, the functions it routes to and the pitfalls it routes are
+read from its rows of the pitfall table (``safetorch._pitfalls``).
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from typing import Iterator, List, Tuple
 
 from safetorch.patching import registry
 
-# Declarations, imported in the order `all` applies them and the report lists them.
+# Declarations, imported in the order `all` applies them and the report lists them (a loop:
+# an import statement would be sorted by name).
 for _module in ("upsample", "load", "state_dict", "index", "pin_memory", "syncbn", "legacy"):
     importlib.import_module(f"safetorch.patching.{_module}")
 del _module
+
+from safetorch.patching.legacy import OPT_IN  # noqa: E402  # declared by the loop above
 
 __all__ = ["patch", "unpatch", "patched", "patches"]
 
 # Named or "all" only: no-name st.patch()/st.patched() leave these off (safetorch run turns
 # them on). `legacy` changes what legacy code computes, so a library user asks for it.
-_OPT_IN = frozenset(importlib.import_module("safetorch.patching.legacy").OPT_IN)
+_OPT_IN = frozenset(OPT_IN)
 
 
 def _default_names(names: Tuple[str, ...]) -> List[str]:
@@ -129,8 +133,9 @@ class PatchInfo:
     Attributes:
         name: The name to pass to :func:`patch`.
         targets: Dotted paths of the torch attributes it wraps.
-        description: What it changes.
-        implementation: The public safetorch function it routes to.
+        description: What it is for: its pitfall-table rows' titles and functions.
+        implementation: The public safetorch functions it routes to: its rows' functions
+            (``st.<name>``, comma-separated).
         pitfalls: Ids of the pitfall-table rows it routes (``safetorch._pitfalls``).
         active: Whether it is on now.
         available: Whether its safetorch implementation exists in this build.
@@ -172,7 +177,7 @@ def patches() -> List[PatchInfo]:
             name=p.name,
             targets=tuple(t.qualname for t in p.targets),
             description=p.description,
-            implementation=".".join(p.implementation),
+            implementation=", ".join(p.functions),
             active=registry.is_active(p.name),
             available=p.available(),
             pitfalls=p.pitfalls,

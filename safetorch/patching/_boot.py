@@ -19,6 +19,9 @@ def _activate() -> None:
     if not names or names.lower() in ("0", "off", "none", "false"):
         return
     try:
+        # Imported here, inside the try, and only when the variable names patches: the .pth
+        # hook imports this module at every start-up, and a broken install (no wrapt, no
+        # torch) must not stop the interpreter; importing patching imports torch.
         from safetorch.patching import registry
 
         resolved = registry.resolve_names(names.split(","), default_all=True)

@@ -8,7 +8,7 @@ import os
 import re
 from typing import List, Optional, Tuple
 
-__all__: List[str] = []  # private: reached through safetorch.patching.registry
+__all__: List[str] = []  # private: the public API is in safetorch.patching
 
 ALLOW_ENV = "SAFETORCH_ALLOW"
 TRUST_ENV = "SAFETORCH_TRUST_ROOT"

@@ -11,7 +11,7 @@ from safetorch._stack import TORCH_DIR, first_frame_outside
 from safetorch.patching.report import SKIP_ALWAYS
 from safetorch.patching.routing import WrapperFn
 
-__all__: List[str] = []  # private: reached through safetorch.patching.registry
+__all__: List[str] = []  # private: the public API is in safetorch.patching
 
 _scopes = threading.local()
 _WARNING_REGISTRIES: Dict[str, Dict[Any, Any]] = {}
@@ -95,9 +95,11 @@ def call_attributing_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any)
             _reemit(caught)
 
 
-def _attributing(wrapper: WrapperFn) -> WrapperFn:
-    def attributing(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
-        return call_attributing_warnings(wrapper, wrapped, instance, args, kwargs)
+def attributed(handler: WrapperFn) -> WrapperFn:
+    """``handler`` with warnings raised inside it attributed to the caller's line."""
 
-    attributing.__wrapped__ = wrapper  # type: ignore[attr-defined]  # functools-style __wrapped__ on a function object
+    def attributing(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+        return call_attributing_warnings(handler, wrapped, instance, args, kwargs)
+
+    attributing.__wrapped__ = handler  # type: ignore[attr-defined]  # functools-style __wrapped__ on a function object
     return attributing

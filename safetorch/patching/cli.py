@@ -16,14 +16,15 @@ import atexit
 import os
 from typing import Sequence
 
-from safetorch.patching.allow import parse_allow_list
+from safetorch._cli import add_run_parsers, say_error
+from safetorch.patching import hook, registry, runner
+from safetorch.patching.allow import allowed_globals, parse_allow_list
+from safetorch.patching.report import anything_changed
 
 __all__: list = []
 
 
 def _fail(command: str, message: str, status: int = 2) -> int:
-    from safetorch._cli import say_error
-
     say_error(f"safetorch {command}", message)
     return status
 
@@ -31,15 +32,11 @@ def _fail(command: str, message: str, status: int = 2) -> int:
 def _report_at_exit(names: Sequence[str], verbose: bool) -> None:
     """The end-of-run report, when there is something to say: a call a patch changed, or
     globals allowed for loads (what a reader of the log must know); ``-v``: always."""
-    from safetorch.patching import registry, report, runner
-
-    if verbose or report.anything_changed() or registry.allowed_globals():
+    if verbose or anything_changed() or allowed_globals():
         runner._print_report(names)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from safetorch.patching import registry, runner
-
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -82,8 +79,6 @@ def _check_dir(command: str, directory: str) -> int:
 
 def _hook_command(args: argparse.Namespace, install: bool) -> int:
     """``install-hook`` / ``uninstall-hook``: write or remove the .pth file in ``--dir``."""
-    from safetorch.patching import hook
-
     command = "install-hook" if install else "uninstall-hook"
     directory = args.dir or hook.default_dir()
     bad = _check_dir(command, directory)
@@ -120,6 +115,4 @@ def _uninstall(args: argparse.Namespace) -> int:
 def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Register ``run``, ``install-hook`` and ``uninstall-hook`` (defined, torch-free, in
     :func:`safetorch._cli.add_run_parsers`)."""
-    from safetorch._cli import add_run_parsers
-
     add_run_parsers(subparsers)

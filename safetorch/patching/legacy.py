@@ -4,8 +4,9 @@ Each shim fills a gap only where ``_compat`` reports one on the running torch (a
 still has a working ``torch.solve`` keeps it): ``torch._six`` (a module installed while the
 patch is on), ``torch.solve/lstsq/eig/symeig/matrix_rank`` and their Tensor methods, a legacy
 autograd Function called as ``Fn()(x)``, ``Variable(x, volatile=True)``, ``type(x) ==
-Variable`` (through ``VariableMeta.__eq__``), ``x[0]`` / ``x[-1]`` of a 0-dim tensor (through
-the ``Tensor.__getitem__`` wrapper shared with the ``index`` patch) and the
+Variable`` (through ``VariableMeta.__eq__``), ``x[0]`` / ``x[-1]`` of a 0-dim tensor (a handler
+of ``Tensor.__getitem__``, whose one wrapper the registry shares with the ``index`` patch)
+and the
 ``size_average=``/``reduce=`` loss arguments (mapped without the warning). Every changed call
 is recorded with its modern spelling, which ``safetorch check --fix`` writes.
 
@@ -20,6 +21,7 @@ Off in ``st.patch()`` unless named (or ``"all"``); on in ``safetorch run``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any, Callable, Dict, List, Tuple
@@ -28,8 +30,10 @@ import torch
 
 from safetorch import _compat, _stack
 from safetorch import legacy as _impl
-from safetorch.patching import index as _index
-from safetorch.patching import registry
+from safetorch.patching.index import torch_getitem
+from safetorch.patching.registry import Patch, Target, declare
+from safetorch.patching.report import call_site, record
+from safetorch.patching.routing import WrapperFn
 
 __all__: List[str] = []
 
@@ -69,12 +73,12 @@ def _bind() -> None:
 def _record(kind: str, detail: str) -> None:
     """Record one shimmed call under its own call site, so the report lists every site to
     migrate (``safetorch check --fix`` rewrites them) rather than only the first one."""
-    site = registry.call_site(2)
+    site = call_site(2)
     path, _, line = site.rpartition(":")
-    registry.record(_NAME, f"{kind}  [{os.path.basename(path)}:{line}]", detail)
+    record(_NAME, f"{kind}  [{os.path.basename(path)}:{line}]", detail)
 
 
-def _linalg(name: str, method: bool) -> registry.WrapperFn:
+def _linalg(name: str, method: bool) -> WrapperFn:
     impl, modern = _LINALG[name]
     kind = f"{'x.' if method else 'torch.'}{name} -> {modern}"
 
@@ -116,12 +120,48 @@ def _variable(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) 
 
 
 def _zero_dim(x: Any, args: Tuple[Any, ...]) -> Any:
-    # Called only after torch raised IndexError: `x[...]` and other indices that work in
-    # plain torch never get here.
+    # Called only after torch (or the index patch's check) raised IndexError: `x[...]` and
+    # other indices that work in plain torch never get here.
     if len(args) != 1 or not _impl._first_or_last(args[0]) or x.dim() != 0 or x.is_meta:
-        return _index._UNHANDLED
+        return _UNHANDLED
     _record("x[0] of a 0-dim tensor -> x.item()", "st.legacy.zero_dim_index")
     return _impl.zero_dim_index(x, args[0])
+
+
+_UNHANDLED = object()
+
+
+def _after_index_error(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """Called from an ``except IndexError`` block: the legacy result, or the error re-raised."""
+    if kwargs or not _needed["index"]:
+        raise  # the IndexError being handled by the caller
+    result = _zero_dim(instance, args)
+    if result is _UNHANDLED:
+        raise
+    return result
+
+
+# x[0] of a 0-dim tensor (of any class: a subclass's __torch_function__ re-enters the wrapper).
+# Indexing that succeeds pays nothing here: a `try` costs nothing in CPython >= 3.11 until
+# something raises.
+def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    try:
+        return torch_getitem(wrapped, args, kwargs)
+    except IndexError:
+        return _after_index_error(instance, args, kwargs)
+
+
+def _getitem_around(inner: WrapperFn) -> WrapperFn:
+    """The same around the ``index`` patch's handler: it also sees the IndexError of a
+    checked index (a 0-dim tensor on CUDA)."""
+
+    def getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+        try:
+            return inner(wrapped, instance, args, kwargs)
+        except IndexError:
+            return _after_index_error(instance, args, kwargs)
+
+    return getitem
 
 
 # The class `type(x) == Variable` compares with (the module attribute is shadowed by the
@@ -176,8 +216,6 @@ def _install_six() -> None:
     if not _needed["_six"]:
         # torch < 2.0 still has torch._six, but 1.9+ dropped names old code imports
         # (container_abcs, int_classes): fill only those gaps, on the real module.
-        import importlib
-
         real = importlib.import_module("torch._six")
         for name in _impl.SIX_MODERN:
             if name not in vars(real):
@@ -247,50 +285,43 @@ def _arm_fork_guard() -> None:
 def _on_enable() -> None:
     _install_six()
     _impl._forget_warned_lines()  # each patched session names each x[0] line once
-    _index.on_index_error = _zero_dim if _needed["index"] else None
     _arm_fork_guard()
 
 
 def _on_disable() -> None:
     _fork_guard["armed"] = False
-    _index.on_index_error = None
     _remove_six()
-    _index._hand_over("index")
 
 
-PATCH = registry.declare(
-    registry.Patch(
+PATCH = declare(
+    Patch(
         name=_NAME,
-        description=(
-            "removed/changed APIs (torch._six, torch.solve/lstsq/eig/symeig/matrix_rank, "
-            "legacy autograd Functions, volatile=True, loss.data[0], type(x) == Variable, "
-            "size_average=) -> their old meaning in st.legacy, only where this torch lacks "
-            "them; fork children get one intra-op thread"
-        ),
         targets=(
-            *(registry.Target("torch", n, _linalg(n, method=False)) for n in _LINALG),
+            *(Target("torch", n, _linalg(n, method=False)) for n in _LINALG),
             *(
-                registry.Target("torch", f"Tensor.{n}", _linalg(n, method=True))
+                Target("torch", f"Tensor.{n}", _linalg(n, method=True))
                 for n in ("solve", "lstsq", "eig", "symeig")
             ),
-            registry.Target("torch.autograd.function", "Function.__call__", _function_call),
-            registry.Target("torch.autograd.function", "Function.__init__", _function_init),
-            registry.Target("torch.autograd", "Variable", _variable),
-            registry.Target("torch.autograd.variable", "Variable", _variable),
-            registry.Target(
+            Target("torch.autograd.function", "Function.__call__", _function_call),
+            Target("torch.autograd.function", "Function.__init__", _function_init),
+            Target("torch.autograd", "Variable", _variable),
+            Target("torch.autograd.variable", "Variable", _variable),
+            Target(
                 "torch.autograd.variable",
                 "VariableMeta.__eq__",
                 _variable_eq,
                 attribute_warnings=False,
             ),
-            registry.Target(
-                "torch", "set_num_threads", _user_set_threads, attribute_warnings=False
+            Target("torch", "set_num_threads", _user_set_threads, attribute_warnings=False),
+            Target("torch.nn._reduction", "legacy_get_string", _reduction),
+            Target(
+                "torch",
+                "Tensor.__getitem__",
+                _getitem,
+                attribute_warnings=False,
+                around=_getitem_around,
             ),
-            registry.Target("torch.nn._reduction", "legacy_get_string", _reduction),
-            _index.GETITEM,
         ),
-        pitfalls=("legacy-api",),
-        implementation=("safetorch.legacy", "solve"),
         on_enable=_on_enable,
         on_disable=_on_disable,
     )

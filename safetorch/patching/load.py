@@ -14,7 +14,7 @@
   st.load's documented ``map_location="available"`` (``safetorch.checkpoint.MapToAvailable``,
   a callable that sees every storage's location).
 * Globals named with ``safetorch run --allow`` / ``SAFETORCH_ALLOW`` are allowed for these
-  loads (``registry.allowed_globals()``); torch's ``add_safe_globals`` registrations too.
+  loads (``allow.allowed_globals()``); torch's ``add_safe_globals`` registrations too.
 * Under ``safetorch run`` (``SAFETORCH_TRUST_ROOT``, see ``allow.trust_root``) the project
   trust rule is on: whole-model pickles of the script's own ``nn.Module`` classes (plus
   ``torch.nn``'s and numpy arrays) load, as ``st.load(trust_root=...)``; each load it
@@ -36,8 +36,10 @@ import torch
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning, UnsafeCheckpointError
-from safetorch.patching import registry
-from safetorch.patching.allow import TRUST_ENV, trust_root
+from safetorch.patching.allow import TRUST_ENV, allowed_globals, trust_root
+from safetorch.patching.registry import Patch, Target, declare
+from safetorch.patching.report import record
+from safetorch.patching.routing import route
 
 __all__: list = []
 
@@ -84,7 +86,7 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
         # A custom unpickler (dill, ...) is the caller's explicit choice: torch gets the call
         # exactly as written, and the report and a warning say it is a full unpickle.
         module_name = getattr(pickle_module, "__name__", type(pickle_module).__name__)
-        registry.record(
+        record(
             _NAME,
             f"custom pickle_module={module_name} passed to torch.load untouched",
             "a full unpickle: it can run arbitrary code",
@@ -101,7 +103,7 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
     if weights_only is None:
         weights_only = True
         if _DEFAULT_NOTE is not None:
-            registry.record(_NAME, _DEFAULT_NOTE, "a full unpickle can run arbitrary code")
+            record(_NAME, _DEFAULT_NOTE, "a full unpickle can run arbitrary code")
     to_cpu = None
     if map_location is None and not _cuda_available():
         # st.load(map_location="available"), keeping the count for the report.
@@ -113,7 +115,7 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
         result = wrapped(f, map_location, None, weights_only=False, **extra)
     else:
         encoding = extra.pop("encoding", "utf-8")
-        registry.record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
+        record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
         root = trust_root()
         with _trust.recording() as trusted:
             try:
@@ -123,7 +125,7 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
                     weights_only=True,
                     mmap=mmap,
                     encoding=encoding,
-                    allow=registry.allowed_globals(),
+                    allow=allowed_globals(),
                     trust_root=root,
                 )
             except UnsafeCheckpointError as exc:
@@ -136,13 +138,13 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
             shown = ", ".join(trusted[:6]) + (
                 f" and {len(trusted) - 6} more" if len(trusted) > 6 else ""
             )
-            registry.record(
+            record(
                 _NAME,
                 f"whole-model pickle loaded by the project trust rule ({TRUST_ENV}={root})",
                 f"admitted {shown}",
             )
     if to_cpu is not None and to_cpu.mapped:
-        registry.record(
+        record(
             _NAME,
             "CUDA tensors mapped to CPU (no CUDA here)",
             f"{to_cpu.mapped} storages in the first such file",
@@ -151,20 +153,14 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
 
 
 # One call, however many changes it records (the weights_only default, CUDA storages mapped).
-_torch_load = registry.route(_NAME, _load, counted=True)
+_torch_load = route(_NAME, _load, counted=True)
 
-PATCH = registry.declare(
-    registry.Patch(
+PATCH = declare(
+    Patch(
         name=_NAME,
-        description=(
-            "torch.load -> st.load semantics: weights_only=True by default on every torch; "
-            "CUDA tensors load on the CPU when there is no CUDA"
-        ),
         targets=(
-            registry.Target("torch", "load", _torch_load),
-            registry.Target("torch.serialization", "load", _torch_load),
+            Target("torch", "load", _torch_load),
+            Target("torch.serialization", "load", _torch_load),
         ),
-        pitfalls=("load-without-weights-only", "load-without-map-location"),
-        implementation=("safetorch.checkpoint", "load"),
     )
 )

@@ -1,13 +1,13 @@
-"""Patch ``pin_memory``: DataLoader pinning through ``st.pin``, silently off without accelerator.
+"""Patch ``pin_memory``: DataLoader pinning via ``st.data.pin``, silently off without accelerator.
 
 torch's pin thread (and the single-process iterator) call the module-level function
 ``torch.utils.data._utils.pin_memory.pin_memory`` by name at call time, so wrapping that one
-attribute reaches every DataLoader; no other module binds it at import. ``st.pin`` pins
+attribute reaches every DataLoader; no other module binds it at import. ``st.data.pin`` pins
 dataclasses and custom batch types that torch passes through unpinned.
 
 Without an accelerator torch 2.x turns pinning off itself but warns on every iterator
 ("'pin_memory' argument is set as true but no accelerator is found"). The second target
-builds each iterator from ``st.data.loader_to_iterate(loader)``: a read-only view whose
+builds each iterator from ``safetorch.data.loader_to_iterate(loader)``: a read-only view whose
 ``pin_memory`` is False there, so the iterator behaves exactly as torch's would (no pinning)
 and says nothing, and the loader object itself is never modified.
 """
@@ -19,13 +19,16 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch.utils.data._utils.pin_memory as _torch_pin
 
-from safetorch.patching import registry
+from safetorch import data as _data
+from safetorch.patching.registry import Patch, Target, declare
+from safetorch.patching.report import record
+from safetorch.patching.routing import route
 
 __all__: list = []
 
 _NAME = "pin_memory"
 # torch's parameter names (data, device): a call by keyword keeps working, and a call torch
-# refuses gets torch's own TypeError (st.pin names its first parameter obj).
+# refuses gets torch's own TypeError (st.data.pin names its first parameter obj).
 _SIGNATURE = inspect.signature(_torch_pin.pin_memory)
 
 
@@ -38,53 +41,39 @@ def _select(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Opt
 
 
 def _pin_body(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    from safetorch import data
-
     ((batch, device),) = args
-    return data.pin(batch, device)
+    return _data.pin(batch, device)
 
 
-_pin = registry.route(
+_pin = route(
     _NAME,
     _pin_body,
-    kind="DataLoader pinning -> st.pin",
+    kind="DataLoader pinning -> st.data.pin",
     detail="dataclasses and custom batches pinned",
     select=_select,
 )
 
 
 def _iter_init(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    from safetorch import data
-
     loader = args[0] if args else kwargs.get("loader")
-    view = data.loader_to_iterate(loader)
+    view = _data.loader_to_iterate(loader)
     if view is loader:
         return wrapped(*args, **kwargs)
-    registry.record(
-        _NAME, "DataLoader(pin_memory=True) without accelerator", "pinning off, no warning"
-    )
+    record(_NAME, "DataLoader(pin_memory=True) without accelerator", "pinning off, no warning")
     if args:
         return wrapped(view, *args[1:], **kwargs)
     return wrapped(**{**kwargs, "loader": view})
 
 
-PATCH = registry.declare(
-    registry.Patch(
+PATCH = declare(
+    Patch(
         name=_NAME,
-        description=(
-            "DataLoader pinning -> st.pin: dataclasses and custom batches pinned; "
-            "silently off without an accelerator"
-        ),
         targets=(
             # Runs on the DataLoader's pin-memory thread: no global warning-state swaps there.
-            registry.Target(
+            Target(
                 "torch.utils.data._utils.pin_memory", "pin_memory", _pin, attribute_warnings=False
             ),
-            registry.Target(
-                "torch.utils.data.dataloader", "_BaseDataLoaderIter.__init__", _iter_init
-            ),
+            Target("torch.utils.data.dataloader", "_BaseDataLoaderIter.__init__", _iter_init),
         ),
-        pitfalls=("batch-not-pinnable",),
-        implementation=("safetorch.data", "pin"),
     )
 )

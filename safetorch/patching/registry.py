@@ -1,14 +1,24 @@
-"""The monkeypatch mechanism: declarations, apply/restore and post-import hooks.
+"""The monkeypatch mechanism: declarations, one wrapper per torch attribute, post-import hooks.
 
-The rest of the mechanism is one module per concern: ``routing`` (the wrapper skeleton and
-re-entry scope), ``report`` (counting changed calls), ``attribution`` (warnings inside patched
-calls), ``allow`` (``--allow``); dynamo detection is ``_compat.compiling``. This module
-re-exports what patch modules use, so a declaration only imports ``registry``.
+Imports only go downward: ``allow``, ``report``, ``routing``, ``attribution`` and ``_finder``
+at the bottom (one concern each), this module above them, the patch declarations
+(``upsample``, ``load``, ...) above it, ``runner`` and ``cli`` at the top. A declaration
+imports each name from the module that defines it.
 
-A patch family (``upsample``, ``load``, ...) is a :class:`Patch`: a name, one line saying what
-it does, and :class:`Target` s, each a dotted attribute path in a module plus a wrapt wrapper
-function. This module owns everything else, so a declaration stays a few lines long:
+A patch family (``upsample``, ``load``, ...) is a :class:`Patch`: the name its rows of the
+pitfall table (``safetorch._pitfalls``) give it, and :class:`Target` s, each a dotted attribute
+path in a module plus a handler (a wrapt wrapper function). What a patch does, the safetorch
+functions it routes to and the pitfalls it routes are read from those rows, never restated in
+the declaration. This module owns everything else, so a declaration stays a few lines long:
 
+* **One wrapper per attribute.** Every patched torch attribute has one wrapper, a
+  :class:`_Slot` here, to which the active patches contribute handlers. It is installed when
+  the first handler arrives and the original is restored exactly when the last one leaves.
+  An attribute only one declared patch targets is wrapped with that patch's handler itself
+  (nothing between wrapt and the handler); for one that several target (``Tensor.__getitem__``:
+  ``index`` and ``legacy``) the wrapper's function is the chain of the active handlers, each
+  later-declared one around the earlier ones (``legacy``'s ``x[0]`` fallback sees the
+  ``IndexError`` of ``index``'s check), replaced in place when a handler arrives or leaves.
 * **Finding the owner.** ``wrapt.resolve_path`` walks a class's MRO and returns the object
   stored in the ``__dict__`` that defines the attribute (``Tensor.__getitem__`` lives on
   ``torch._C.TensorBase``, not on ``torch.Tensor``). We keep that object and whether the
@@ -16,113 +26,226 @@ function. This module owns everything else, so a declaration stays a few lines l
   would leave a copy in the subclass's ``__dict__``: it has to be deleted instead.
 * **Wrapping.** ``wrapt.FunctionWrapper`` keeps descriptor binding right for functions,
   methods, slot wrappers and classmethods, and exposes ``__wrapped__``.
-* **Not imported yet.** A target whose module is not in ``sys.modules`` waits in our own
-  post-import registry (a ``sys.meta_path`` finder that is removed again when nothing waits).
-  wrapt's ``when_imported`` hooks cannot be deregistered, so ``unpatch`` could not undo them.
+* **Not imported yet.** A target whose module is not in ``sys.modules`` waits for its import
+  (:mod:`safetorch.patching._finder`, a ``sys.meta_path`` finder present only while something
+  waits, so that ``unpatch`` can undo it).
 * **Thread safety.** One re-entrant lock serialises patch/unpatch/hook firing. Wrappers take
-  no lock on their fast path; counting uses ``itertools.count``, whose ``next`` is atomic.
+  no lock on their fast path (a shared wrapper's chain is swapped in one step); counting
+  uses ``itertools.count``, whose ``next`` is atomic.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import functools
 import logging
 import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import wrapt
 
-from safetorch import _compat
+from safetorch import _compat, _pitfalls
 from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning
-from safetorch.patching.allow import ALLOW_ENV, allowed_globals
-from safetorch.patching.attribution import _attributing, call_attributing_warnings
-from safetorch.patching.report import (
-    ReportEntry,
-    call_count,
-    call_site,
-    counted_call,
-    record,
-    report_entries,
-    reset_counts,
-)
-from safetorch.patching.routing import WrapperFn, nested, reentry, route
+from safetorch.patching import report
+from safetorch.patching._finder import PostImportFinder
+from safetorch.patching.attribution import attributed
+from safetorch.patching.routing import WrapperFn
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
-
-# The mechanism is one module per concern; this one declares and applies patches, and names
-# what patch modules use from the others (``registry.route``, ``registry.record``, ...):
-_REEXPORTED = (
-    *(ALLOW_ENV, allowed_globals, call_attributing_warnings, ReportEntry, call_count),
-    *(call_site, counted_call, record, report_entries, reset_counts, nested, reentry, route),
-)
 
 logger = logging.getLogger("safetorch")
 
 
-def compiling() -> bool:
-    """Whether dynamo is tracing or compiling now (``_compat.compiling``, bound at import)."""
-    return _compat.compiling()
-
-
 @dataclass(frozen=True)
 class Target:
-    """One attribute to wrap: ``module`` (dotted, importable) and ``path`` inside it."""
+    """One attribute to wrap: ``module`` (dotted, importable), ``path`` inside it, and the
+    patch's ``handler`` for it (wrapt's ``(wrapped, instance, args, kwargs)`` protocol)."""
 
     module: str
     path: str
-    wrapper: WrapperFn = field(compare=False, repr=False)
+    handler: WrapperFn = field(compare=False, repr=False)
     # Re-attribute warnings raised inside the call to the caller's line (see
     # call_attributing_warnings). Off for hot paths (which do it themselves when a warning is
     # possible) and for calls made on helper threads (pin memory), where swapping the global
     # warning state would race with the main thread.
     attribute_warnings: bool = field(default=True, compare=False, repr=False)
+    # For an attribute several patches target: ``around(inner)`` is this patch's handler
+    # around ``inner``, the chain of the handlers of the patches declared before it (which it
+    # calls instead of torch's original). Without it, a later handler calls the earlier ones
+    # through its ``wrapped`` argument (one frame more per call).
+    around: Optional[Callable[[WrapperFn], WrapperFn]] = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def qualname(self) -> str:
         return f"{self.module}.{self.path}"
 
 
+def _resolves(function: str) -> bool:
+    """Whether a pitfall-table function (``st.<name>``, ``st.<subpackage>.<name>``) exists."""
+    # ``st`` is the package facade (PEP 562: names resolve on first access), which imports
+    # safetorch.patching on demand, never the reverse: it is always in sys.modules while a
+    # submodule is, so it is read from there rather than imported.
+    obj: Any = sys.modules["safetorch"]
+    for part in function.split(".")[1:]:
+        try:
+            obj = getattr(obj, part)
+        except (AttributeError, ImportError):
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class Patch:
-    """A patch family: what it does, what it wraps, and the implementation it routes to.
+    """A patch family: its name and what it wraps; the rest comes from the pitfall table.
 
-    ``implementation`` is ``(module, attribute)`` of the public safetorch function; the patch
-    is unavailable (and ``patch()`` refuses it) while that attribute does not exist.
+    ``name`` is the ``patch`` of its rows in ``safetorch._pitfalls``: :attr:`pitfalls`,
+    :attr:`functions` and :attr:`description` are read from those rows. The patch is
+    unavailable (and ``patch()`` refuses it) while one of its rows' functions does not exist.
     """
 
     name: str
-    description: str
     targets: Tuple[Target, ...]
-    implementation: Tuple[str, str]
-    #: Ids of the pitfall-table rows it routes (``safetorch._pitfalls``).
-    pitfalls: Tuple[str, ...] = ()
     # Called (under the registry lock) after the targets are applied / before they are restored.
     on_enable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
     on_disable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
 
+    @property
+    def pitfalls(self) -> Tuple[str, ...]:
+        """Ids of the pitfall-table rows it routes."""
+        return _pitfalls.for_patch(self.name)
+
+    @property
+    def rows(self) -> Tuple[_pitfalls.Pitfall, ...]:
+        return tuple(_pitfalls.by_id(pitfall_id) for pitfall_id in self.pitfalls)
+
+    @property
+    def functions(self) -> Tuple[str, ...]:
+        """The safetorch functions of its rows (``st.<name>``), each once, in row order."""
+        return tuple(dict.fromkeys(f for row in self.rows for f in row.functions))
+
+    @property
+    def description(self) -> str:
+        """Its rows' titles and the functions they route to."""
+        rows = self.rows
+        if not rows:
+            return ""
+        return f"{'; '.join(row.title for row in rows)} -> {', '.join(self.functions)}"
+
+    def unavailable(self) -> List[str]:
+        """Its rows' functions that do not exist in this safetorch build."""
+        return [f for f in self.functions if not _resolves(f)]
+
     def available(self) -> bool:
-        module = sys.modules.get(self.implementation[0])
-        if module is None:
-            try:
-                module = importlib.import_module(self.implementation[0])
-            except ImportError:
-                return False
-        return hasattr(module, self.implementation[1])
+        return not self.unavailable()
 
 
-@dataclass
-class _Applied:
-    parent: Any
-    attr: str
-    original: Any
-    own: bool  # the attribute was in vars(parent): restore by setattr, else delete
-    wrapper: Any
+class _Slot:
+    """One wrapped torch attribute: its original, its one wrapper, the patches' handlers."""
+
+    __slots__ = ("parent", "attr", "original", "own", "wrapper", "handlers", "_function")
+
+    def __init__(self, parent: Any, attr: str, original: Any, shared: bool) -> None:
+        self.parent = parent
+        self.attr = attr
+        self.original = original
+        self.own = attr in vars(parent)  # restore by setattr, else delete (it was inherited)
+        self.handlers: Dict[str, Target] = {}  # patch -> its target here, in declaration order
+        # Shared slots: the wrapper's function is a C partial whose target is the chain of the
+        # handlers contributed now, swapped in place (partial.__setstate__, the pickle hook) on
+        # every change: the wrapper object stays, readers need no lock, and a call pays no
+        # Python frame for the dispatch.
+        self._function: Optional[functools.partial] = None
+        if shared:
+            self._function = functools.partial(_unreachable)
+        self.wrapper: Any = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether several declared patches target it (its function is swapped in place)."""
+        return self._function is not None
+
+    def add(self, name: str, target: Target, order: Sequence[str]) -> None:
+        """Contribute patch ``name``'s handler; the first one installs the wrapper."""
+        added = {**self.handlers, name: target}
+        handlers = {n: added[n] for n in order if n in added}
+        if self._function is not None:
+            self._rechain(handlers)
+        if self.wrapper is None:
+            self._install(_handler(target) if self._function is None else self._function)
+        self.handlers = handlers
+
+    def remove(self, name: str) -> bool:
+        """Withdraw patch ``name``'s handler; True when it was the last (wrapper gone)."""
+        del self.handlers[name]
+        if not self.handlers:
+            return True
+        self._rechain(self.handlers)  # several handlers: a shared slot
+        return False
+
+    def _rechain(self, handlers: Dict[str, Target]) -> None:
+        assert self._function is not None
+        chain = _chain(list(handlers.values()))
+        self._function.__setstate__((chain, (), None, None))  # type: ignore[attr-defined]  # typeshed omits partial's pickle hook
+
+    def _install(self, fn: WrapperFn) -> None:
+        wrapper = wrapt.FunctionWrapper(self.original, fn)
+        wrapper._self_safetorch = True  # type: ignore[attr-defined]  # stays on the proxy
+        if not isinstance(self.parent, type):
+            _compat.register_with_dynamo(wrapper)  # module functions; methods reach dynamo as such
+        setattr(self.parent, self.attr, wrapper)
+        self.wrapper = wrapper
+
+    def restore(self, qualname: str, name: str) -> None:
+        """Put the original back exactly (``name``: the last patch that wrapped it)."""
+        current = vars(self.parent).get(self.attr, None)
+        if current is not self.wrapper:
+            # Someone rebound the attribute after us: restoring would clobber their object.
+            warnings.warn(
+                f"safetorch unpatch: {qualname} was replaced by another object after "
+                f"patch {name!r} wrapped it; leaving that object in place",
+                PatchWarning,
+                stacklevel=user_stacklevel(),
+            )
+            return
+        if self.own:
+            setattr(self.parent, self.attr, self.original)
+        else:
+            delattr(self.parent, self.attr)
+
+
+def _unreachable(*args: Any) -> Any:  # a shared slot's function before its first handler
+    raise AssertionError("safetorch: a shared wrapper called without a handler")
+
+
+def _handler(t: Target) -> WrapperFn:
+    return attributed(t.handler) if t.attribute_warnings else t.handler
+
+
+def _around(outer: WrapperFn, inner: WrapperFn) -> WrapperFn:
+    """A plain handler around others: its ``wrapped`` is ``inner`` applied to torch's original."""
+
+    def chained(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+        return outer(lambda *a, **k: inner(wrapped, instance, a, k), instance, args, kwargs)
+
+    return chained
+
+
+def _chain(targets: List[Target]) -> WrapperFn:
+    """The handlers of ``targets`` (declaration order), each later one around those before it:
+    through its ``around`` when it has one (no extra frame), else as a plain wrapper."""
+    chain = _handler(targets[0])
+    for t in targets[1:]:
+        if t.around is not None:
+            chain = t.around(chain)
+            chain = attributed(chain) if t.attribute_warnings else chain
+        else:
+            chain = _around(_handler(t), chain)
+    return chain
 
 
 _lock = threading.RLock()
@@ -130,17 +253,31 @@ _declared: Dict[str, Patch] = {}
 _explicit: Set[str] = set()  # turned on by patch()
 _holds: Dict[str, int] = {}  # open patched() contexts per name
 _active: Set[str] = set()
-_applied: Dict[Tuple[str, str, str], _Applied] = {}  # (patch, module, path) -> record
+_slots: Dict[Tuple[str, str], _Slot] = {}  # (module, path) -> the attribute's one wrapper
 _pending: Dict[str, List[Tuple[str, Target]]] = {}  # module name -> targets waiting for import
 _missing: Dict[str, List[str]] = {}  # patch -> targets that do not exist on this torch
 
 
 # --- declarations --------------------------------------------------------------------------
+def _shared(key: Tuple[str, str]) -> bool:
+    """Whether more than one declared patch targets the attribute ``(module, path)``."""
+    return sum(1 for p in _declared.values() for t in p.targets if (t.module, t.path) == key) > 1
+
+
 def declare(p: Patch) -> Patch:
     """Add a patch family to the registry (declaration modules call this at import)."""
     with _lock:
-        if p.name in _declared and _declared[p.name] is not p:
-            raise ValueError(f"patch {p.name!r} is already declared")
+        if p.name in _declared:
+            if _declared[p.name] is not p:
+                raise ValueError(f"patch {p.name!r} is already declared")
+            return p
+        for t in p.targets:
+            slot = _slots.get((t.module, t.path))
+            if slot is not None and not slot.shared:
+                raise ValueError(
+                    f"patch {p.name!r} targets {t.qualname}, which is wrapped now for one "
+                    "patch only; declare patches before turning them on"
+                )
         _declared[p.name] = p
     return p
 
@@ -197,57 +334,44 @@ def resolve_names(names: Sequence[str], *, default_all: bool) -> List[str]:
 
 # --- apply / restore -----------------------------------------------------------------------
 def _apply_target(name: str, t: Target) -> None:
-    key = (name, t.module, t.path)
-    if key in _applied:
+    key = (t.module, t.path)
+    slot = _slots.get(key)
+    if slot is None:
+        module = sys.modules.get(t.module)
+        if module is None:
+            _wait(name, t)
+            return
+        try:
+            parent, attr, original = wrapt.resolve_path(module, t.path)
+        except (AttributeError, wrapt.PathResolutionError):
+            logger.debug("safetorch patch %s: %s does not exist on this torch", name, t.qualname)
+            _missing.setdefault(name, []).append(t.qualname)
+            return
+        if isinstance(original, wrapt.FunctionWrapper) and getattr(
+            original, "_self_safetorch", None
+        ):
+            return  # already ours (e.g. a second registry after a reload): never wrap twice
+        slot = _Slot(parent, attr, original, shared=_shared(key))
+    elif name in slot.handlers:
         return  # idempotent: patching twice wraps once
-    module = sys.modules.get(t.module)
-    if module is None:
-        _add_pending(name, t)
-        return
-    try:
-        parent, attr, original = wrapt.resolve_path(module, t.path)
-    except (AttributeError, wrapt.PathResolutionError):
-        logger.debug("safetorch patch %s: %s does not exist on this torch", name, t.qualname)
-        _missing.setdefault(name, []).append(t.qualname)
-        return
-    if isinstance(original, wrapt.FunctionWrapper) and getattr(original, "_self_safetorch", None):
-        return  # already ours (e.g. a second registry after a reload): never wrap twice
-    own = attr in vars(parent)
-    wrapper = wrapt.FunctionWrapper(
-        original, _attributing(t.wrapper) if t.attribute_warnings else t.wrapper
-    )
-    wrapper._self_safetorch = name  # type: ignore[attr-defined]  # stays on the proxy
-    if not isinstance(parent, type):
-        _compat.register_with_dynamo(wrapper)  # module functions; methods reach dynamo as such
-    setattr(parent, attr, wrapper)
-    _applied[key] = _Applied(parent, attr, original, own, wrapper)
+    slot.add(name, t, list(_declared))
+    _slots[key] = slot
 
 
-def _restore(key: Tuple[str, str, str]) -> None:
-    rec = _applied.pop(key)
-    current = vars(rec.parent).get(rec.attr, None)
-    if current is not rec.wrapper:
-        # Someone rebound the attribute after us: restoring would clobber their object.
-        warnings.warn(
-            f"safetorch unpatch: {key[1]}.{key[2]} was replaced by another object after "
-            f"patch {key[0]!r} wrapped it; leaving that object in place",
-            PatchWarning,
-            stacklevel=user_stacklevel(),
-        )
-        return
-    if rec.own:
-        setattr(rec.parent, rec.attr, rec.original)
-    else:
-        delattr(rec.parent, rec.attr)
+def _withdraw(name: str, key: Tuple[str, str]) -> None:
+    slot = _slots[key]
+    if slot.remove(name):
+        del _slots[key]
+        slot.restore(".".join(key), name)
 
 
 def _enable(name: str) -> None:
     p = _declared[name]
-    if not p.available():
-        mod, attr = p.implementation
+    missing = p.unavailable()
+    if missing:
         raise NotImplementedError(
-            f"patch {name!r} routes to {mod}.{attr}, which does not exist in this safetorch "
-            f"build; patch the others with st.patch(*names) (see st.patches())"
+            f"patch {name!r} routes to {', '.join(missing)}, which this safetorch build "
+            "lacks; patch the others with st.patch(*names) (see st.patches())"
         )
     _missing.pop(name, None)
     try:
@@ -267,8 +391,8 @@ def _disable(name: str) -> None:
         p.on_disable()
     _active.discard(name)
     _drop_pending(name)
-    for key in [k for k in _applied if k[0] == name]:
-        _restore(key)
+    for key in [k for k, slot in _slots.items() if name in slot.handlers]:
+        _withdraw(name, key)
 
 
 def _sync(name: str) -> bool:
@@ -351,63 +475,35 @@ def missing_targets(name: str) -> List[str]:
         return list(_missing.get(name, ()))
 
 
+def iter_applied() -> List[Tuple[str, str, str]]:
+    """``(patch, module, path)`` of every handler contributed now."""
+    with _lock:
+        return [(n, *key) for key, slot in _slots.items() for n in slot.handlers]
+
+
+def report_entries() -> List[report.ReportEntry]:
+    """What the patches changed (``report.entries``), in the order the patches are declared."""
+    with _lock:
+        order = {n: i for i, n in enumerate(_declared)}
+    return sorted(report.entries(), key=lambda e: (order.get(e.patch, len(order)), e.kind))
+
+
 # --- post-import hooks ---------------------------------------------------------------------
-class _HookLoader(importlib.abc.Loader):
-    """Delegates to the real loader, then applies the targets waiting for this module."""
-
-    def __init__(self, loader: Any, fullname: str) -> None:
-        self._loader = loader
-        self._fullname = fullname
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        # Put the real loader back first: code in the module (and importlib.resources)
-        # must see the loader it would have seen without us.
-        module.__loader__ = self._loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        _fire(self._fullname)
+def _fire(fullname: str) -> None:
+    with _lock:
+        waiting = _pending.pop(fullname, [])
+        for name, t in waiting:
+            if name in _active:
+                _apply_target(name, t)
+        _remove_finder_if_idle()
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """A ``sys.meta_path`` entry present only while some target waits for its module."""
-
-    _busy = threading.local()
-
-    def find_spec(
-        self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
-    ) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname not in _pending or getattr(self._busy, "on", False):
-            return None
-        self._busy.on = True
-        try:
-            for finder in list(sys.meta_path):
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-        finally:
-            self._busy.on = False
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec  # namespace package or legacy loader: nothing to attach to
-        spec.loader = _HookLoader(loader, fullname)
-        return spec
+_finder = PostImportFinder(_pending.__contains__, _fire)
 
 
-_finder = _PostImportFinder()
-
-
-def _add_pending(name: str, t: Target) -> None:
+def _wait(name: str, t: Target) -> None:
     _pending.setdefault(t.module, []).append((name, t))
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
+    _finder.install()
 
 
 def _drop_pending(name: str) -> None:
@@ -419,24 +515,10 @@ def _drop_pending(name: str) -> None:
 
 
 def _remove_finder_if_idle() -> None:
-    if not _pending and _finder in sys.meta_path:
-        sys.meta_path.remove(_finder)
-
-
-def _fire(fullname: str) -> None:
-    with _lock:
-        waiting = _pending.pop(fullname, [])
-        for name, t in waiting:
-            if name in _active:
-                _apply_target(name, t)
-        _remove_finder_if_idle()
+    if not _pending:
+        _finder.remove()
 
 
 def pending_modules() -> List[str]:
     with _lock:
         return sorted(_pending)
-
-
-def iter_applied() -> Iterator[Tuple[str, str, str]]:
-    with _lock:
-        return iter(list(_applied))

@@ -21,7 +21,7 @@ import wrapt
 from safetorch import _compat
 from safetorch._stack import SAFETORCH_DIR, TORCH_DIR, first_frame_outside
 
-__all__: List[str] = []  # private: reached through safetorch.patching.registry
+__all__: List[str] = []  # private: the public API is in safetorch.patching
 
 
 def _dir_of(module: Any) -> str:
@@ -156,13 +156,11 @@ def anything_changed() -> bool:
         return any(stat.count for stat in _calls.values())
 
 
-def report_entries() -> List[ReportEntry]:
+def entries() -> List[ReportEntry]:
+    """Every counted kind of change, by patch name and kind (``registry.report_entries``
+    lists them in the order the patches are declared)."""
     with _stats_lock:
-        items = list(_stats.items())
-    from safetorch.patching.registry import declared
-
-    order = {p.name: i for i, p in enumerate(declared())}
-    items.sort(key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][1]))
+        items = sorted(_stats.items(), key=lambda kv: kv[0])
     return [ReportEntry(p, k, s.count, s.site, s.detail) for (p, k), s in items]
 
 

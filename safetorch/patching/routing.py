@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from safetorch.patching.report import counted_call, record
 
-__all__: List[str] = []  # private: reached through safetorch.patching.registry
+__all__: List[str] = []  # private: the public API is in safetorch.patching
 
 # (wrapped, instance, args, kwargs) -> result: wrapt's wrapper protocol.
 WrapperFn = Callable[[Any, Any, Tuple[Any, ...], Dict[str, Any]], Any]

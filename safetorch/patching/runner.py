@@ -37,17 +37,21 @@ from __future__ import annotations
 import atexit
 import builtins
 import importlib.machinery
+import importlib.util
+import multiprocessing.spawn
 import os
 import runpy
 import signal
 import sys
+import zipfile
 from types import ModuleType, TracebackType
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import wrapt
 
 from safetorch.patching import registry
-from safetorch.patching.allow import TRUST_ENV
+from safetorch.patching.allow import ALLOW_ENV, TRUST_ENV, allowed_globals
+from safetorch.patching.report import ReportEntry, call_count, reset_counts
 
 __all__: List[str] = []
 
@@ -74,10 +78,10 @@ def format_report(names: Sequence[str]) -> str:
     its count and first call site (one call may make several changes)."""
     entries = registry.report_entries()
     lines = [f"safetorch run: patches on: {', '.join(names) or 'none'}"]
-    allowed = registry.allowed_globals()
+    allowed = allowed_globals()
     if allowed:
-        lines.append(f"  allowed globals (--allow / {registry.ALLOW_ENV}): {', '.join(allowed)}")
-    by_patch: Dict[str, List[registry.ReportEntry]] = {}
+        lines.append(f"  allowed globals (--allow / {ALLOW_ENV}): {', '.join(allowed)}")
+    by_patch: Dict[str, List[ReportEntry]] = {}
     for e in entries:
         by_patch.setdefault(e.patch, []).append(e)
     width = max([len(n) for n in names] + [4])
@@ -86,7 +90,7 @@ def format_report(names: Sequence[str]) -> str:
         if not found:
             lines.append(f"  {name:<{width}}  no call changed")
             continue
-        calls = registry.call_count(name)
+        calls = call_count(name)
         changes = sum(e.count for e in found)
         head = f"  {name:<{width}}  {calls} call{'s' if calls != 1 else ''} changed"
         if changes != calls:
@@ -121,19 +125,15 @@ class _SpawnBootstrap:
     """Wraps ``multiprocessing.spawn.get_command_line`` for the duration of a run."""
 
     def __enter__(self) -> None:
-        import multiprocessing.spawn as spawn
-
-        self._spawn = spawn
+        spawn = multiprocessing.spawn
         self._original = vars(spawn)["get_command_line"]
         spawn.get_command_line = wrapt.FunctionWrapper(self._original, _with_boot)
 
     def __exit__(self, *exc: object) -> None:
-        self._spawn.get_command_line = self._original
+        multiprocessing.spawn.get_command_line = self._original
 
 
 def _is_zip(path: str) -> bool:
-    import zipfile
-
     return os.path.isfile(path) and zipfile.is_zipfile(path)
 
 
@@ -184,8 +184,6 @@ def check_target(target: str, *, module: bool = False) -> Optional[Tuple[str, in
     """
     if module:
         try:
-            import importlib.util
-
             spec = importlib.util.find_spec(target)
         except (ImportError, ValueError) as exc:
             return f"{exc}; check the module name and sys.path (the working directory)", 1
@@ -272,8 +270,8 @@ def run(
     """
     names = registry.resolve_names(patches, default_all=True)
     if allow:
-        merged = (*registry.allowed_globals(), *allow)
-        os.environ[registry.ALLOW_ENV] = ",".join(dict.fromkeys(merged))
+        merged = (*allowed_globals(), *allow)
+        os.environ[ALLOW_ENV] = ",".join(dict.fromkeys(merged))
     if trust and TRUST_ENV not in os.environ:
         os.environ[TRUST_ENV] = trust_root_for(target, module=module)
     return _run_patched(target, args, module=module, names=names, report=report)
@@ -292,7 +290,7 @@ def _run_patched(
     target: str, args: Sequence[str], *, module: bool, names: Sequence[str], report: bool
 ) -> int:
     registry.enable(names)
-    registry.reset_counts()
+    reset_counts()
     os.environ[ENV_VAR] = ",".join(names)
     if report:
         atexit.register(_print_report, names)

@@ -30,7 +30,9 @@ from typing import Any, Dict, Tuple
 from torch import nn
 
 from safetorch.errors import CheckpointError
-from safetorch.patching import registry
+from safetorch.patching.registry import Patch, Target, declare
+from safetorch.patching.report import record
+from safetorch.patching.routing import route
 
 __all__: list = []
 
@@ -80,12 +82,12 @@ def _load_state_dict_body(
     try:
         report = _model_state.load_state_dict(instance, source, strict=bool(strict), **options)
     except RuntimeError as exc:
-        registry.record(_NAME, "load_state_dict -> st.load_state_dict (refused)", _reason(exc))
+        record(_NAME, "load_state_dict -> st.load_state_dict (refused)", _reason(exc))
         if isinstance(exc, CheckpointError) and not str(exc).startswith("Error(s) in loading"):
             raise _with_torch_text(exc, instance, source, bool(strict)) from exc
         raise
     _log.info("load_state_dict into %s: %s", type(instance).__name__, report.rule)
-    registry.record(
+    record(
         _NAME,
         f"load_state_dict -> st.load_state_dict: {report.rule}",
         f"{len(report.loaded)} loaded, {len(report.missing)} missing, "
@@ -127,19 +129,12 @@ def _with_torch_text(
     return CheckpointError(f"{text}\nsafetorch: {exc}")
 
 
-_load_state_dict = registry.route(_NAME, _load_state_dict_body, counted=True, select=_select)
+_load_state_dict = route(_NAME, _load_state_dict_body, counted=True, select=_select)
 
 
-PATCH = registry.declare(
-    registry.Patch(
+PATCH = declare(
+    Patch(
         name=_NAME,
-        description=(
-            "Module.load_state_dict: keys that match load as torch does; otherwise "
-            "st.load_state_dict (wrapper prefixes, Lightning's model., AveragedModel's "
-            "n_averaged), counted; returns a LoadReport that unpacks like torch's result"
-        ),
-        targets=(registry.Target("torch.nn", "Module.load_state_dict", _load_state_dict),),
-        pitfalls=("state-dict-of-wrapped-model", "discarded-nonstrict-load"),
-        implementation=("safetorch.checkpoint", "load_state_dict"),
+        targets=(Target("torch.nn", "Module.load_state_dict", _load_state_dict),),
     )
 )

@@ -20,7 +20,9 @@ import torch
 from torch import nn
 
 from safetorch import _dist
-from safetorch.patching import registry
+from safetorch.patching.registry import Patch, Target, declare
+from safetorch.patching.report import record
+from safetorch.patching.routing import route
 
 __all__: list = []
 
@@ -47,22 +49,16 @@ def _select(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Opt
 
 def _convert_body(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
     ((module, process_group, options),) = args
-    registry.record(_NAME, f"convert_sync_batchnorm -> st.convert_sync_batchnorm ({_world()})")
+    record(_NAME, f"convert_sync_batchnorm -> st.convert_sync_batchnorm ({_world()})")
     return _impl.convert_sync_batchnorm(module, process_group, **options)
 
 
-_convert = registry.route(_NAME, _convert_body, select=_select)
+_convert = route(_NAME, _convert_body, select=_select)
 
 
-PATCH = registry.declare(
-    registry.Patch(
+PATCH = declare(
+    Patch(
         name=_NAME,
-        description=(
-            "nn.SyncBatchNorm.convert_sync_batchnorm -> st.convert_sync_batchnorm (auto: keep "
-            "BatchNorm without a process group, a class that runs on each device otherwise)"
-        ),
-        targets=(registry.Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm", _convert),),
-        pitfalls=("torch-syncbn-device",),
-        implementation=("safetorch.nn.syncbn", "convert_sync_batchnorm"),
+        targets=(Target("torch.nn", "SyncBatchNorm.convert_sync_batchnorm", _convert),),
     )
 )

@@ -6,16 +6,16 @@ Silent (no deprecation warning) and bit-identical: the st functions are torch's 
 
 from __future__ import annotations
 
-from safetorch.patching import registry
+from safetorch.nn import upsampling as _impl
+from safetorch.patching.registry import Patch, Target, declare
+from safetorch.patching.routing import WrapperFn, route
 
 __all__: list = []
 
-from safetorch.nn import upsampling as _impl  # noqa: E402
 
-
-def _route(name: str) -> registry.WrapperFn:
+def _route(name: str) -> WrapperFn:
     impl = getattr(_impl, name)
-    return registry.route(
+    return route(
         "upsample",
         lambda wrapped, instance, args, kwargs: impl(*args, **kwargs),
         kind=f"F.{name} -> st.{name}",
@@ -24,15 +24,12 @@ def _route(name: str) -> registry.WrapperFn:
     )
 
 
-PATCH = registry.declare(
-    registry.Patch(
+PATCH = declare(
+    Patch(
         name="upsample",
-        description="deprecated F.upsample* -> st.upsample*: same output, no warning",
         targets=tuple(
-            registry.Target("torch.nn.functional", n, _route(n))
+            Target("torch.nn.functional", n, _route(n))
             for n in ("upsample", "upsample_nearest", "upsample_bilinear")
         ),
-        pitfalls=("deprecated-upsample",),
-        implementation=("safetorch.nn.upsampling", "upsample"),
     )
 )

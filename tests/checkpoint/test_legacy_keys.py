@@ -16,16 +16,16 @@ from torch import nn
 import safetorch as st
 from safetorch.checkpoint.keys import legacy_keys
 from safetorch.checkpoint.report import PatchedLoadReport
-from safetorch.patching import registry
+from safetorch.patching import registry, report
 
 
 @pytest.fixture(autouse=True)
 def _no_patches() -> Any:
     registry.reset()
-    registry.reset_counts()
+    report.reset_counts()
     yield
     registry.reset()
-    registry.reset_counts()
+    report.reset_counts()
 
 
 class StyleNet(nn.Module):

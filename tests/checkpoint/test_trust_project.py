@@ -363,11 +363,11 @@ def test_trust_root_argument_errors(project, tmp_path):
 
 
 def test_patched_torch_load_uses_the_trust_root_variable(project, tmp_path, monkeypatch):
-    from safetorch.patching import registry
+    from safetorch.patching import registry, report
 
     path = _saved(project.model.Net(), tmp_path / "m.pt")
     monkeypatch.delenv("SAFETORCH_TRUST_ROOT", raising=False)
-    registry.reset_counts()
+    report.reset_counts()
     with st.patched("load"):
         with pytest.raises(st.UnsafeCheckpointError):
             torch.load(path)
@@ -379,7 +379,7 @@ def test_patched_torch_load_uses_the_trust_root_variable(project, tmp_path, monk
     kinds = {e.kind: e.detail for e in registry.report_entries()}
     key = next(k for k in kinds if "project trust rule" in k)
     assert str(project.root) in key and f"{MODEL}.Net" in kinds[key]
-    registry.reset_counts()
+    report.reset_counts()
 
 
 # --- explicit allows match torch's safe_globals (numpy) --------------------------------------

@@ -9,13 +9,13 @@ import torch
 from torch.utils.data import DataLoader
 
 import safetorch as st
-from safetorch.patching import registry
+from safetorch.patching import registry, report
 
 
 @pytest.fixture(autouse=True)
 def _clean():
     registry.reset()
-    registry.reset_counts()
+    report.reset_counts()
     yield
     registry.reset()
 

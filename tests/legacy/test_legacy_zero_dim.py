@@ -30,7 +30,7 @@ import safetorch as st
 from safetorch import _stack, legacy
 from safetorch.errors import PatchWarning
 from safetorch.legacy import VolatileTensor
-from safetorch.patching import registry
+from safetorch.patching import registry, report
 
 Variable = torch.autograd.Variable  # bound before any patch, as `from torch.autograd import`
 VariableMeta = type(Variable)
@@ -39,10 +39,10 @@ VariableMeta = type(Variable)
 @pytest.fixture(autouse=True)
 def _nothing_patched() -> Iterator[None]:
     registry.reset()
-    registry.reset_counts()
+    report.reset_counts()
     yield
     registry.reset()
-    registry.reset_counts()
+    report.reset_counts()
 
 
 class UserTensor(torch.Tensor):

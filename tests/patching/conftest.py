@@ -6,13 +6,13 @@ from typing import Iterator
 
 import pytest
 
-from safetorch.patching import registry
+from safetorch.patching import registry, report
 
 
 @pytest.fixture(autouse=True)
 def _clean_patches() -> Iterator[None]:
     registry.reset()
-    registry.reset_counts()
+    report.reset_counts()
     yield
     registry.reset()
-    registry.reset_counts()
+    report.reset_counts()

@@ -347,7 +347,7 @@ def test_pin_memory_routes_to_st_pin(monkeypatch) -> None:
     with st.patched("pin_memory"):
         assert torch_pin.pin_memory(batch, None) is batch
     assert seen == [batch]
-    assert _kinds("pin_memory") == ["DataLoader pinning -> st.pin"]
+    assert _kinds("pin_memory") == ["DataLoader pinning -> st.data.pin"]
 
 
 # --- syncbn --------------------------------------------------------------------------------

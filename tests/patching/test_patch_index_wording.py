@@ -9,11 +9,11 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
+from _strategies import near_bound_index
 from hypothesis import given, settings
-from hypothesis import strategies as st_
 
 import safetorch as st
-from safetorch.patching import registry
+from safetorch.patching import report
 
 T = torch.tensor
 
@@ -31,14 +31,14 @@ def _error(fn: Callable[[], Any]) -> Any:
 def _both(call: Callable[[], Any]) -> Any:
     """(CPU torch's error, the patched checked path's error, calls routed to st) for ``call``."""
     expected = _error(call)  # unpatched, default policy: CPU torch itself
-    before = registry.call_count("index")
+    before = report.call_count("index")
     previous = st.set_index_check("always")
     try:
         with st.patched("index"):
             got = _error(call)
     finally:
         st.set_index_check(previous)
-    return expected, got, registry.call_count("index") - before
+    return expected, got, report.call_count("index") - before
 
 
 CASES = {
@@ -85,29 +85,18 @@ def test_patched_getitem_goes_through_the_checked_path() -> None:
     assert not isinstance(info.value, st.IndexOutOfBoundsError)  # unpatched: torch's own
 
 
-@st_.composite
-def getitem_case(draw: Any) -> Any:
-    shape = tuple(draw(st_.lists(st_.integers(0, 3), min_size=1, max_size=3)))
-    comps: list = []
-    for dim in range(draw(st_.integers(1, len(shape)))):
-        n = shape[dim]
-        kind = draw(st_.sampled_from(["tensor", "tensor", "mask", "int", "slice"]))
-        if kind == "tensor":
-            k = draw(st_.integers(0, 2))
-            comps.append(T(draw(st_.lists(st_.integers(-n - 2, n + 2), min_size=k, max_size=k))))
-        elif kind == "mask":
-            m = draw(st_.sampled_from([n, n + 1]))
-            comps.append(T(draw(st_.lists(st_.booleans(), min_size=m, max_size=m))))
-        elif kind == "int":
-            comps.append(draw(st_.integers(-n - 1, n + 1)))
-        else:
-            comps.append(slice(None))
-    x = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
-    return x, tuple(comps)
+# The shared near-bound index strategy (tests/_strategies.py): int64 index tensors of 0-2
+# elements, masks of the dimension's size or one more, ints and full slices.
+getitem_case = near_bound_index(
+    kinds=("tensor", "tensor", "mask", "int", "slice"),
+    index_shapes=((0,), (1,), (2,)),
+    mask_offsets=(0, 1),
+    extras=False,
+).map(lambda c: (torch.arange(int(np.prod(c[0])), dtype=torch.float32).reshape(c[0]), c[1]))
 
 
 @settings(max_examples=200, deadline=None)
-@given(getitem_case())
+@given(getitem_case)
 def test_patched_getitem_wording_property(case: Any) -> None:
     x, index = case
     expected, got, _ = _both(lambda: x[index])

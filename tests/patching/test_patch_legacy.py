@@ -81,20 +81,88 @@ def test_index_and_legacy_share_getitem_in_any_order(order: tuple, off_first: st
 
 
 def test_legacy_hook_is_read_only_after_torch_raises(monkeypatch) -> None:
-    """The shared x[i] wrapper adds nothing to indexing that succeeds: the legacy hook is
+    """The legacy x[i] handler adds nothing to indexing that succeeds: its 0-dim fallback is
     consulted only on torch's IndexError (a structural check; speed is benchmarks' job)."""
-    from safetorch.patching import index
+    from safetorch.patching import legacy
 
     calls = []
     st.patch("index", "legacy")
-    real = index.on_index_error
-    monkeypatch.setattr(index, "on_index_error", lambda x, a: calls.append(a) or real(x, a))
+    real = legacy._zero_dim
+    monkeypatch.setattr(legacy, "_zero_dim", lambda x, a: calls.append(a) or real(x, a))
     x = torch.arange(10)
     assert x[3].item() == 3 and x[[1, 2]].tolist() == [1, 2]
     assert calls == []
     with pytest.warns(st.PatchWarning):
         assert torch.tensor(2.5)[0] == 2.5  # 0.3: x[0] of a 0-dim tensor is its number
     assert len(calls) == 1
+
+
+_BASE_GETITEM = torch._C.TensorBase.__dict__["__getitem__"]
+
+
+def _getitem_state() -> tuple:
+    return dict(vars(torch.Tensor)), dict(vars(torch._C.TensorBase))
+
+
+@pytest.mark.parametrize("order", [("index", "legacy"), ("legacy", "index")])
+@pytest.mark.parametrize("off", [("index", "legacy"), ("legacy", "index"), ("index,legacy",)])
+def test_getitem_has_one_wrapper_and_is_restored_exactly(order: tuple, off: tuple) -> None:
+    """Both patches contribute a handler to one Tensor.__getitem__ wrapper: installed by the
+    first, kept (the same object) while either is on, removed exactly with the last."""
+    before = _getitem_state()
+    st.patch(order[0])
+    wrapper = vars(torch.Tensor)["__getitem__"]
+    assert wrapper.__wrapped__ is _BASE_GETITEM
+    st.patch(order[1])
+    assert vars(torch.Tensor)["__getitem__"] is wrapper  # one wrapper, not a second layer
+    assert {k[0] for k in registry.iter_applied() if k[2] == "Tensor.__getitem__"} == {
+        "index",
+        "legacy",
+    }
+    for i, names in enumerate(off):
+        st.unpatch(names)
+        if i + 1 < len(off):
+            assert vars(torch.Tensor)["__getitem__"] is wrapper
+    assert "__getitem__" not in vars(torch.Tensor)  # deleted: it was inherited
+    assert torch.Tensor.__getitem__ is _BASE_GETITEM
+    after = _getitem_state()
+    assert before[0].keys() == after[0].keys() and before[1].keys() == after[1].keys()
+    assert all(after[0][k] is v for k, v in before[0].items())
+    assert all(after[1][k] is v for k, v in before[1].items())
+    with pytest.raises(IndexError):
+        torch.tensor(2.0)[0]
+
+
+@pytest.mark.parametrize("order", [("index", "legacy"), ("legacy", "index")])
+def test_both_orders_index_the_same(order: tuple, monkeypatch) -> None:
+    """The handlers' order is the declaration order whatever the patching order: legacy's x[0]
+    fallback sees the IndexError of index's check (forced here, as on CUDA)."""
+    for name in order:
+        st.patch(name)
+    previous = st.set_index_check("always")
+    try:
+        with pytest.warns(PatchWarning):
+            assert torch.tensor(3.0)[0] == 3.0  # checked by st.checked_index, then legacy
+        with pytest.raises(IndexError, match="out of bounds"):
+            torch.arange(3)[torch.tensor([5])]
+        assert torch.arange(3)[torch.tensor([2])].tolist() == [2]
+    finally:
+        st.set_index_check(previous)
+    kinds = [e.kind for e in registry.report_entries()]
+    assert any(k.startswith("x[index] -> st.checked_index") for k in kinds)
+    assert any(k.startswith("x[0] of a 0-dim tensor") for k in kinds)
+
+
+def test_a_late_declaration_of_a_wrapped_single_target_is_refused() -> None:
+    """An attribute one declared patch wraps directly cannot gain a second patch while it is
+    wrapped (its wrapper has no dispatcher); a shared one can."""
+    st.patch("upsample")
+    clash = registry.Patch(
+        "fake_clash", (registry.Target("torch.nn.functional", "upsample", lambda w, i, a, k: 0),)
+    )
+    with pytest.raises(ValueError, match="declare patches before turning them on"):
+        registry.declare(clash)
+    assert "fake_clash" not in {p.name for p in registry.declared()}
 
 
 def test_size_average_maps_to_reduction_without_warning() -> None:

@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.patching import registry
+from safetorch.patching import registry, report
 
 needs_compile = pytest.mark.skipif(not _compat.HAS_COMPILE, reason="torch.compile needs torch 2.0")
 
@@ -25,7 +25,7 @@ def test_torchscript_drops_the_python_wrapper() -> None:
     x = torch.randn(1, 1, 3, 3)
     with st.patched("upsample"):
         scripted = torch.jit.script(_upsample_user)
-        registry.reset_counts()
+        report.reset_counts()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript runs torch's deprecated body
             out = scripted(x)
@@ -146,7 +146,7 @@ def test_compile_fullgraph_of_patched_ops_matches_eager(
         with simulate_torch(**(old if dynamo != "installed" else {})):
             with st.patched("upsample", "index"):
                 eager = _compiled_user(x, i)
-                registry.reset_counts()
+                report.reset_counts()
                 torch._dynamo.reset()
                 compiled = torch.compile(_compiled_user, fullgraph=True, backend="eager")(x, i)
     finally:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import safetorch as st
-from safetorch.patching import registry, runner
+from safetorch.patching import allow, report, runner
 
 
 def _run(tmp_path: Path, code: str, *options: str, env: Optional[dict] = None) -> Any:
@@ -58,8 +58,8 @@ def test_repeated_patch_accumulates_and_report_counts_calls(tmp_path: Path) -> N
 def test_allow_reaches_the_load_patch_through_the_environment(tmp_path: Path) -> None:
     code = (
         "import os\n"
-        "from safetorch.patching import registry\n"
-        "print(registry.allowed_globals(), os.environ['SAFETORCH_ALLOW'])\n"
+        "from safetorch.patching import allow\n"
+        "print(allow.allowed_globals(), os.environ['SAFETORCH_ALLOW'])\n"
     )
     out = _run(
         tmp_path, code, "--allow", "a.B", "--allow", "c.D,a.B", env={"SAFETORCH_ALLOW": "x.Y"}
@@ -71,24 +71,24 @@ def test_allow_reaches_the_load_patch_through_the_environment(tmp_path: Path) ->
 
 def test_allowed_globals_parses_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAFETORCH_ALLOW", " a.B, ,c.D,a.B ")
-    assert registry.allowed_globals() == ("a.B", "c.D")
+    assert allow.allowed_globals() == ("a.B", "c.D")
     monkeypatch.delenv("SAFETORCH_ALLOW")
-    assert registry.allowed_globals() == ()
+    assert allow.allowed_globals() == ()
 
 
 def test_one_call_with_two_changes_counts_once() -> None:
-    registry.reset_counts()
-    with registry.counted_call("load"):
-        registry.record("load", "change one")
-        registry.record("load", "change two")
-    registry.record("load", "change one")
+    report.reset_counts()
+    with report.counted_call("load"):
+        report.record("load", "change one")
+        report.record("load", "change two")
+    report.record("load", "change one")
     try:
-        assert registry.call_count("load") == 2
+        assert report.call_count("load") == 2
         text = runner.format_report(["load"])
         assert "2 calls changed (3 changes)" in text
         assert "2 x change one" in text and "1 x change two" in text
     finally:
-        registry.reset_counts()
+        report.reset_counts()
 
 
 def test_patch_accepts_lists_and_rejects_non_strings() -> None:
