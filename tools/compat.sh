@@ -93,14 +93,16 @@ find_python() {
 }
 
 # test_deps KIND -> one requirement per line: the runtime dependencies and the dev extra, minus
-# torch and the linters; as declared (KIND=newest) or pinned at their floors (KIND=min).
+# torch, the linters and the packaging tools; as declared (KIND=newest) or pinned at their floors (KIND=min).
 test_deps() {
     "$HOST_PY" - "$1" "$ROOT/pyproject.toml" <<'PY'
 import re, sys, tomllib
 kind, path = sys.argv[1], sys.argv[2]
 project = tomllib.load(open(path, "rb"))["project"]
 dev = project["optional-dependencies"]["dev"]
-linters = {"ruff", "mypy"}
+# the linters, and the packaging tools of `make dist` (not run by the suite; twine's floor
+# needs a newer packaging than safetorch's own floor)
+linters = {"ruff", "mypy", "build", "twine", "setuptools"}
 for req in project["dependencies"] + dev:
     name = re.split(r"[<>=!~; \[]", req, maxsplit=1)[0]
     if name.lower() in linters or name.lower() == "torch":
