@@ -551,3 +551,31 @@ def test_dcp_lists_come_back_as_lists_and_their_indices_are_bounded(tmp_path):
     _edit_metadata(tmp_path / "ckpt", edit)
     with pytest.raises(st.CheckpointError, match="list index"):
         layouts.dcp_to_object(str(tmp_path / "ckpt"))
+
+
+def test_safetensors_header_is_read_from_the_open_file_not_the_path(tmp_path):
+    """The safetensors package opens files by name; safetorch gives it the descriptor the one
+    reader opened and checked, so a path swapped in between names another file in vain."""
+    safetensors = pytest.importorskip("safetensors.torch")
+    from safetorch.checkpoint import reader
+
+    path = tmp_path / "model.safetensors"
+    safetensors.save_file({"checked": torch.ones(2)}, str(path))
+    other = tmp_path / "other.safetensors"
+    safetensors.save_file({"swapped": torch.zeros(3), "extra": torch.zeros(1)}, str(other))
+    with reader.open_regular(path, "safetensors file") as f:
+        os.replace(other, path)  # the path now names another file
+        header = reader.read_safetensors_header(f)
+        assert list(header.entries) == ["checked"]
+        assert torch.equal(header.read(f, ["checked"])["checked"], torch.ones(2))
+
+
+def test_safetensors_dtype_names_are_the_packages_own():
+    safetensors = pytest.importorskip("safetensors.torch")
+    from safetorch.checkpoint import reader
+
+    codes = reader.safetensors_codes()
+    assert codes[torch.float32] == "F32" and codes[torch.bfloat16] == "BF16"
+    for dtype, code in codes.items():  # each name round-trips through the package itself
+        data = safetensors.save({"x": torch.empty(0, dtype=dtype)})
+        assert f'"dtype":"{code}"' in data[: 8 + int.from_bytes(data[:8], "little")].decode()
