@@ -298,9 +298,8 @@ def _load_state_dict(
             model, report, "nothing was loaded; pass strict=False to load the matching keys"
         )
     if layout is not None:
-        _load_from_layout(model, layout, to_load, source_of, source_key, report, assign)
-        return _finish(model, report)
-    if tfile is not None:
+        result = _load_from_layout(model, layout, to_load, source_of, source_key, assign)
+    elif tfile is not None:
         result = _load_in_batches(model, tfile, to_load, assign)
     else:
         kwargs = {} if assign is None else {"assign": assign}
@@ -379,15 +378,15 @@ def _load_from_layout(
     to_load: Mapping[str, Any],
     source_of: Mapping[str, str],
     source_key: Optional[str],
-    report: LoadReport,
     assign: Optional[bool],
-) -> None:
-    """Read the matched tensors of a multi-file layout into the model, batch by batch."""
+) -> Any:
+    """Read the matched tensors of a multi-file layout into the model, batch by batch; what
+    torch reported over all batches (as one ``Module.load_state_dict`` call would)."""
     prefix = f"{source_key}." if source_key else ""
     pairs = [(tgt, prefix + source_of[tgt]) for tgt in to_load]
     dest = Destination(model, to_load, assign)
     layout.load_into(pairs, dest)
-    report.unexpected.extend(k for k in dest.unexpected if k not in report.unexpected)
+    return dest.result()
 
 
 def load_for_copy(source: Any) -> Any:

@@ -268,3 +268,29 @@ def test_every_layout_honours_assign_like_torch(tmp_path, kind):
         assert type(after[k]) is type(v), k  # Parameters stay Parameters, buffers tensors
         # assign=True puts the loaded tensors in place of the model's own, as torch does
         assert after[k] is not before[k], k
+
+
+@pytest.mark.parametrize("kind", _LAYOUT_KINDS)
+def test_every_layout_reports_what_a_load_hook_consumed_like_torch(tmp_path, kind):
+    """torch is the final word on every layout: a key a load hook takes away is missing in
+    the report (strict=False) or refused (strict=True), as Module.load_state_dict says."""
+    path = _write_layout(kind, tmp_path)
+
+    def build():
+        model = _net(1)
+
+        def pre_hook(state_dict, prefix, *args):  # a module that drops its bias on load
+            state_dict.pop(prefix + "bias", None)
+
+        model[2]._register_load_state_dict_pre_hook(pre_hook)
+        return model
+
+    theirs = build().load_state_dict(
+        {k: v.clone() for k, v in SRC.state_dict().items()}, strict=False
+    )
+    assert theirs.missing_keys == ["2.bias"]
+    with pytest.warns(st.errors.CheckpointWarning, match="2.bias"):
+        report = st.load_state_dict(build(), path, strict=False)
+    assert report.missing == theirs.missing_keys and "2.bias" not in report.loaded
+    with pytest.raises(st.CheckpointMismatchError, match="2.bias"):
+        st.load_state_dict(build(), path)
