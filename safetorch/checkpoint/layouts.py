@@ -33,7 +33,7 @@ import torch
 
 from safetorch import _compat
 from safetorch._atomic import atomic_write, atomic_write_dir, atomic_write_text
-from safetorch.checkpoint import reader
+from safetorch.checkpoint import reader, torchfile
 from safetorch.checkpoint.apply import Destination
 from safetorch.checkpoint.dcp import (
     DCP_METADATA,
@@ -45,7 +45,7 @@ from safetorch.checkpoint.dcp import (
     nest_flat_keys,
 )
 from safetorch.checkpoint.keys import find_state_dict, known_prefixes, state_dict_keys
-from safetorch.checkpoint.loading import _torch_internals_quiet, load_checked
+from safetorch.checkpoint.loading import _torch_internals_quiet, load_checked, load_for_copy
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError, UnsafeCheckpointError
 
 __all__: List[str] = []  # private module: the layout stage of st.load_state_dict and the CLI
@@ -712,14 +712,76 @@ def _file_layout(path: str, description: str) -> Layout:
 
 class FileLayout(Layout):
     """One torch.save file, given directly (``description`` None) or picked inside a
-    directory: read by ``st.load`` (``st.load_state_dict`` reads its meta view and then only
-    the matched bytes through :mod:`safetorch.checkpoint.torchfile`)."""
+    directory, read like every layout once :meth:`open` has read its meta view.
+
+    ``open(assign)`` reads the meta view with :mod:`safetorch.checkpoint.torchfile` (one
+    restricted pass over the pickle, no tensor data; the matched bytes are read later with
+    ``pread``, straight into plain targets), or, where that pass does not cover the file
+    (legacy format, compressed storages, other tensor kinds) or ``assign=True`` keeps the
+    values, loads it whole through ``st.load``'s restricted path. Never memory-mapped: a file
+    truncated during the call is an error, not ``SIGBUS``. Keys are the dotted paths of the
+    view (``"state_dict.fc.weight"``: containers are walked by their keys, longest first).
+    """
 
     def __init__(self, path: str, description: Optional[str]) -> None:
         super().__init__(path, description or path)
         self.picked = description is not None
+        self._view: Any = None
+        self._tfile: Optional[torchfile.TorchFile] = None
 
-    kind = "file"
+    def open(self, assign: Optional[bool] = None) -> "FileLayout":
+        """Read the meta view (see the class docstring); :meth:`close` releases the file."""
+        if self._view is None:
+            self._tfile = None if assign else torchfile.TorchFile.open(self.path)
+            self._view = self._tfile.view if self._tfile else load_for_copy(self.path)
+        return self
+
+    def close(self) -> None:
+        if self._tfile is not None:
+            self._tfile.close()
+            self._tfile = None
+
+    def meta_view(self) -> Any:
+        return self.open()._view
+
+    def _locate(self, key: str) -> Any:
+        node, rest = self.meta_view(), key
+        while True:
+            if not isinstance(node, Mapping):
+                raise CheckpointError(f"the checkpoint {self.path!r} has no entry {key!r}")
+            if rest in node:
+                return node[rest]
+            cuts = [i for i, c in enumerate(rest) if c == "."]
+            for i in reversed(cuts):  # the longest container key that prefixes the rest
+                if rest[:i] in node and isinstance(node[rest[:i]], Mapping):
+                    node, rest = node[rest[:i]], rest[i + 1 :]
+                    break
+            else:
+                raise CheckpointError(f"the checkpoint {self.path!r} has no entry {key!r}")
+
+    def read(self, keys: List[str]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for key in keys:
+            value = self._locate(key)
+            is_meta = self._tfile is not None and isinstance(value, torch.Tensor)
+            out[key] = self._tfile.materialize(value) if is_meta else value  # type: ignore[union-attr]  # is_meta implies a torchfile
+        return out
+
+    def nbytes(self, key: str) -> int:
+        value = self._locate(key)
+        return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+
+    def load_into(self, pairs: List[Tuple[str, str]], dest: Destination) -> None:
+        """The matched bytes straight into ``dest.direct`` targets, the rest in batches
+        through ``dest.apply`` (torchfile reuses one buffer); values loaded whole go through
+        ``dest.apply`` in one call, as ``Module.load_state_dict`` would see them."""
+        values = {t: self._locate(s) for t, s in pairs}
+        if self._tfile is None:
+            dest.apply(values)
+            return
+        direct = {t: d for t, d in dest.direct.items() if t in values}
+        self._tfile.load_values(values, dest.apply, direct=direct)
+        dest.wrote(direct)  # each direct target is read straight in, or applied
 
 
 # --- conversions (safetorch ckpt convert / inspect) --------------------------------------------

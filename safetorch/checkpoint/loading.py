@@ -42,7 +42,7 @@ from safetorch.errors import (
     UnsafeCheckpointError,
 )
 
-__all__ = ["load", "MapToAvailable"]
+__all__ = ["load", "MapToAvailable", "load_for_copy"]
 
 logger = logging.getLogger("safetorch")
 
@@ -735,3 +735,16 @@ def _wrap_failures(
         raise CheckpointError(
             f"cannot load checkpoint {name}: {_failure_reason(exc)} ({_first_line(exc)})"
         ) from exc
+
+
+def load_for_copy(source: Any) -> Any:
+    """Weights-only load of a checkpoint whose tensors the caller copies before it returns.
+
+    A path is opened once through the checkpoint reader (a regular file, never a FIFO) and
+    read, not memory-mapped: a file truncated or rewritten during the call gives a
+    ``CheckpointError`` or the old bytes, never ``SIGBUS`` or garbage.
+    """
+    if not _is_path(source):
+        return load_checked(source)
+    with reader.open_regular(source, "checkpoint") as f:
+        return load_checked(f.fh, repr(f.path))

@@ -1,7 +1,7 @@
 """st.load_state_dict: a checkpoint of any layout into any model, wrapped or not, with a report.
 
 The load is a pipeline, one module per stage: resolve the path (:func:`layouts.resolve`), read
-its meta view (a layout's, or one file's through :mod:`torchfile`), find the state dict and
+its meta view (every layout's, one file's included), find the state dict and
 match keys (:mod:`keys`), then apply (:class:`apply.Destination`, which calls torch's own
 ``Module.load_state_dict``, captured at import so that monkeypatch mode can route it here).
 """
@@ -26,7 +26,7 @@ from torch import nn
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.checkpoint import layouts, reader, torchfile
+from safetorch.checkpoint import layouts
 from safetorch.checkpoint.apply import Destination, _module_load_state_dict
 from safetorch.checkpoint.formats import STATE_FORMAT
 from safetorch.checkpoint.keys import (
@@ -40,11 +40,7 @@ from safetorch.checkpoint.keys import (
     state_dict_keys,
     tensor_shape,
 )
-from safetorch.checkpoint.loading import (
-    FileLike,
-    _is_path,
-    load_checked,
-)
+from safetorch.checkpoint.loading import FileLike, _is_path, load_for_copy
 from safetorch.checkpoint.report import LoadReport, group_keys
 from safetorch.errors import (
     CheckpointError,
@@ -52,7 +48,7 @@ from safetorch.errors import (
     CheckpointWarning,
 )
 
-__all__ = ["load_state_dict", "load_for_copy"]
+__all__ = ["load_state_dict"]
 
 logger = logging.getLogger("safetorch")
 _assign_supported: bool
@@ -187,34 +183,24 @@ def load_state_dict(
             "st.load_state_dict: source must be a path, a file object or a state dict, got a "
             f"{type(source).__name__} module; pass source.state_dict() to copy a module's weights"
         )
-    # A directory, a shard index or a DCP checkpoint: match on its meta view (shapes and
-    # dtypes, no data), then read only the matched tensors (layouts.py).
-    layout: Optional[layouts.Layout] = layouts.resolve(source) if _is_path(source) else None
-    picked = None
+    # resolve -> a layout (one file, a directory, a shard index, a DCP checkpoint); match on its
+    # meta view (shapes and dtypes, no data), then read only the matched tensors (layouts.py).
+    if not _is_path(source):
+        obj = source if isinstance(source, Mapping) else load_for_copy(source)
+        return _load_state_dict(model, obj, key, strict, assign, prefix, None, None)
+    layout = layouts.resolve(source)
+    plain_file = isinstance(layout, layouts.FileLayout) and not layout.picked
+    picked = None if plain_file else f"{layout.description} ({layout.kind})"
+    logger.info("loading %s (%s)", layout.description, layout.kind)
     if isinstance(layout, layouts.FileLayout):
-        picked = f"{layout.description} ({layout.kind})" if layout.picked else None
-        source, layout = layout.path, None
-    elif layout is not None:
-        picked = f"{layout.description} ({layout.kind})"
-    if layout is not None:
-        logger.info("loading %s (%s)", layout.description, layout.kind)
-        obj: Any = layout.meta_view()
-    elif isinstance(source, Mapping):
-        obj = source
-    else:
-        # One torch.save file: its meta view first, then only the matched bytes, read with
-        # pread (torchfile.py); files that path does not cover are read whole by st.load.
-        # Never memory-mapped: a file truncated during the call is an error, not SIGBUS.
-        tfile = torchfile.TorchFile.open(source) if _is_path(source) and not assign else None
-        if tfile is not None:
-            try:
-                return _load_state_dict(
-                    model, tfile.view, key, strict, assign, prefix, None, picked, tfile
-                )
-            finally:
-                tfile.close()
-        obj = load_for_copy(source)
-    return _load_state_dict(model, obj, key, strict, assign, prefix, layout, picked, None)
+        layout.open(assign)
+    try:
+        return _load_state_dict(
+            model, layout.meta_view(), key, strict, assign, prefix, layout, picked
+        )
+    finally:
+        if isinstance(layout, layouts.FileLayout):
+            layout.close()
 
 
 def _load_state_dict(
@@ -224,20 +210,18 @@ def _load_state_dict(
     strict: bool,
     assign: Optional[bool],
     prefix: Optional[str],
-    layout: Any,
+    layout: Optional[layouts.Layout],
     picked: Optional[str],
-    tfile: Optional["torchfile.TorchFile"],
 ) -> LoadReport:
+    base = ""
     if isinstance(obj, Mapping) and obj.get("__safetorch__") == STATE_FORMAT:
-        obj = obj["objects"]  # a st.save_state file: the models' state dicts are in there
+        obj, base = obj["objects"], "objects."  # a st.save_state file: the models' state dicts
     state_dict, source_key = find_state_dict(obj, key)
+    full = base + (f"{source_key}." if source_key else "")  # a source key's path in the view
     target = model.state_dict(keep_vars=True)
     read = None
     if layout is not None:
-        full = f"{source_key}." if source_key else ""
         read = lambda k: layout.read([full + k])[full + k]  # noqa: E731 - one use, below
-    elif tfile is not None:
-        read = lambda k: tfile.materialize(state_dict[k])  # noqa: E731 - one use, below
     state_dict, n_averaged = _split_n_averaged(state_dict, target.keys(), read)
     # Plain weights into an AveragedModel: its counter keeps its value rather than being missing.
     source_has_counter = any(canonical_key(k) == N_AVERAGED for k in state_dict)
@@ -298,9 +282,7 @@ def _load_state_dict(
             model, report, "nothing was loaded; pass strict=False to load the matching keys"
         )
     if layout is not None:
-        result = _load_from_layout(model, layout, to_load, source_of, source_key, assign)
-    elif tfile is not None:
-        result = _load_in_batches(model, tfile, to_load, assign)
+        result = _load_from_layout(model, layout, to_load, source_of, full, assign)
     else:
         kwargs = {} if assign is None else {"assign": assign}
         result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
@@ -358,45 +340,17 @@ def _warn_unloaded_parameters(model: nn.Module, report: LoadReport) -> None:
     )
 
 
-def _load_in_batches(
-    model: nn.Module,
-    tfile: "torchfile.TorchFile",
-    to_load: Mapping[str, Any],
-    assign: Optional[bool],
-) -> Any:
-    """One file's matched bytes into the model: straight into the direct targets, the rest
-    through torch's ``Module.load_state_dict`` in batches (torchfile reuses its buffer)."""
-    dest = Destination(model, to_load, assign, getattr(to_load, "_metadata", None))
-    tfile.load_values(to_load, dest.apply, direct=dest.direct)
-    dest.wrote(dest.direct)  # each direct target is read straight in, or applied
-    return dest.result()
-
-
 def _load_from_layout(
     model: nn.Module,
     layout: layouts.Layout,
     to_load: Mapping[str, Any],
     source_of: Mapping[str, str],
-    source_key: Optional[str],
+    full: str,
     assign: Optional[bool],
 ) -> Any:
-    """Read the matched tensors of a multi-file layout into the model, batch by batch; what
-    torch reported over all batches (as one ``Module.load_state_dict`` call would)."""
-    prefix = f"{source_key}." if source_key else ""
-    pairs = [(tgt, prefix + source_of[tgt]) for tgt in to_load]
-    dest = Destination(model, to_load, assign)
+    """Read the matched tensors of a layout into the model (the apply stage); what torch
+    reported over all batches (as one ``Module.load_state_dict`` call would)."""
+    pairs = [(tgt, full + source_of[tgt]) for tgt in to_load]
+    dest = Destination(model, to_load, assign, getattr(to_load, "_metadata", None))
     layout.load_into(pairs, dest)
     return dest.result()
-
-
-def load_for_copy(source: Any) -> Any:
-    """Weights-only load of a checkpoint whose tensors the caller copies before it returns.
-
-    A path is opened once through the checkpoint reader (a regular file, never a FIFO) and
-    read, not memory-mapped: a file truncated or rewritten during the call gives a
-    ``CheckpointError`` or the old bytes, never ``SIGBUS`` or garbage.
-    """
-    if not _is_path(source):
-        return load_checked(source)
-    with reader.open_regular(source, "checkpoint") as f:
-        return load_checked(f.fh, repr(f.path))

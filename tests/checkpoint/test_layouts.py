@@ -12,7 +12,7 @@ import torch
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.checkpoint import dcp
+from safetorch.checkpoint import dcp, layouts
 
 needs_dcp = pytest.mark.skipif(
     not _compat.HAS_DCP, reason="torch.distributed.checkpoint is public from torch 2.0"
@@ -294,3 +294,38 @@ def test_every_layout_reports_what_a_load_hook_consumed_like_torch(tmp_path, kin
     assert report.missing == theirs.missing_keys and "2.bias" not in report.loaded
     with pytest.raises(st.CheckpointMismatchError, match="2.bias"):
         st.load_state_dict(build(), path)
+
+
+@pytest.mark.parametrize("assign", [None, True])
+def test_one_file_is_a_layout_like_the_others(tmp_path, assign):
+    """resolve() of one torch.save file gives a FileLayout with the whole Layout interface:
+    a meta view (no tensor data unless assign= keeps the values), reads by dotted key, batches
+    and load_into through the apply stage."""
+    from safetorch.checkpoint.apply import Destination
+
+    path = tmp_path / "ckpt.pt"
+    torch.save(
+        {"state_dict": {k: v.clone() for k, v in SRC.state_dict().items()}, "epoch": 3}, path
+    )
+    layout = layouts.resolve(path)
+    assert isinstance(layout, layouts.FileLayout) and not layout.picked
+    layout.open(assign)
+    try:
+        view = layout.meta_view()
+        assert view["epoch"] == 3
+        assert view["state_dict"]["0.weight"].is_meta is (assign is None)
+        got = layout.read(["state_dict.0.weight", "epoch"])
+        assert torch.equal(got["state_dict.0.weight"], SRC[0].weight) and got["epoch"] == 3
+        pairs = [(k, "state_dict." + k) for k in SRC.state_dict()]
+        batches = list(layout.batches(pairs))
+        assert {k for b in batches for k in b} == set(SRC.state_dict())
+        model = _net(1)
+        dest = Destination(model, SRC.state_dict(), assign)
+        layout.load_into(pairs, dest)
+        assert dest.result().missing_keys == [] and dest.result().unexpected_keys == []
+        for k, v in SRC.state_dict().items():
+            assert torch.equal(model.state_dict()[k], v), k
+        with pytest.raises(st.CheckpointError, match="no entry 'state_dict.nope'"):
+            layout.read(["state_dict.nope"])
+    finally:
+        layout.close()
