@@ -97,11 +97,13 @@ def test_legacy_hook_is_read_only_after_torch_raises(monkeypatch) -> None:
     assert len(calls) == 1
 
 
-_BASE_GETITEM = torch._C.TensorBase.__dict__["__getitem__"]
+# The class that defines Tensor.__getitem__ (torch._C.TensorBase, _TensorBase on older torch).
+_BASE = next(c for c in torch.Tensor.__mro__ if "__getitem__" in vars(c))
+_BASE_GETITEM = vars(_BASE)["__getitem__"]
 
 
 def _getitem_state() -> tuple:
-    return dict(vars(torch.Tensor)), dict(vars(torch._C.TensorBase))
+    return dict(vars(torch.Tensor)), dict(vars(_BASE))
 
 
 @pytest.mark.parametrize("order", [("index", "legacy"), ("legacy", "index")])
