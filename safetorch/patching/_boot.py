@@ -27,9 +27,9 @@ def _activate() -> None:
         resolved = registry.resolve_names(names.split(","), default_all=True)
         registry.enable(resolved)
         if os.environ.get("SAFETORCH_REPORT") == "1":
-            from safetorch.patching.runner import _print_report
+            from safetorch.patching.runner import print_report
 
-            atexit.register(_print_report, resolved)
+            atexit.register(print_report, resolved)
     except Exception as exc:  # never break interpreter start-up
         sys.stderr.write(f"safetorch: SAFETORCH_PATCH={names!r} ignored: {exc}\n")
 

@@ -33,7 +33,7 @@ def _report_at_exit(names: Sequence[str], verbose: bool) -> None:
     """The end-of-run report, when there is something to say: a call a patch changed, or
     globals allowed for loads (what a reader of the log must know); ``-v``: always."""
     if verbose or anything_changed() or allowed_globals():
-        runner._print_report(names)
+        runner.print_report(names)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -103,7 +103,9 @@ def format_report(names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _print_report(names: Sequence[str], stream: Optional[TextIO] = None) -> None:
+def print_report(names: Sequence[str], stream: Optional[TextIO] = None) -> None:
+    """Write the run report of the patches ``names`` (:func:`format_report`) to ``stream``
+    (stderr by default), as ``safetorch run`` does at exit; a closed stream is ignored."""
     out = stream or sys.stderr
     try:
         out.write(format_report(names) + "\n")
@@ -293,7 +295,7 @@ def _run_patched(
     reset_counts()
     os.environ[ENV_VAR] = ",".join(names)
     if report:
-        atexit.register(_print_report, names)
+        atexit.register(print_report, names)
     if module:
         sys.argv = [target, *args]  # runpy replaces argv[0] with the module's file
         sys.path[0] = os.getcwd()
