@@ -163,9 +163,10 @@ class Upsample(nn.Upsample):
         )
 
 
-_FIXED_MODE_DOC = """Drop-in ``nn.{name}`` ({what}).
+class UpsamplingNearest2d(Upsample, nn.UpsamplingNearest2d):
+    """Drop-in ``nn.UpsamplingNearest2d`` (2-D nearest-neighbour upsampling).
 
-    An instance of both ``nn.{name}`` and ``nn.Upsample``; same constructor,
+    An instance of both ``nn.UpsamplingNearest2d`` and ``nn.Upsample``; same constructor,
     ``repr`` and output.
 
     Args:
@@ -176,37 +177,39 @@ _FIXED_MODE_DOC = """Drop-in ``nn.{name}`` ({what}).
         ValueError: In forward, as ``F.interpolate``.
 
     >>> import torch, safetorch as st
-    {example}
+    >>> st.UpsamplingNearest2d(scale_factor=2)(torch.ones(1, 1, 2, 2)).shape
+    torch.Size([1, 1, 4, 4])
     """
 
+    def __init__(self, size: _Size = None, scale_factor: _Scale = None) -> None:
+        # Skip nn.UpsamplingNearest2d.__init__ in the MRO: it would call Upsample.__init__
+        # with its own signature; nn.Upsample.__init__ is what it ends up calling anyway.
+        nn.Upsample.__init__(self, size, scale_factor, mode="nearest")  # type: ignore[arg-type]  # torch's stub is narrower than the values it accepts (int or tuple)
 
-class _FixedMode2d(Upsample):
-    """``Upsample`` with the mode (and ``align_corners``) that a torch 2-D subclass fixes."""
 
-    _mode = "nearest"
-    _align_corners: Optional[bool] = None
+class UpsamplingBilinear2d(Upsample, nn.UpsamplingBilinear2d):
+    """Drop-in ``nn.UpsamplingBilinear2d`` (2-D bilinear upsampling, ``align_corners=True``).
+
+    An instance of both ``nn.UpsamplingBilinear2d`` and ``nn.Upsample``; same constructor,
+    ``repr`` and output.
+
+    Args:
+        size: Output spatial size ``(H, W)`` or an int.
+        scale_factor: Multiplier for the spatial size.
+
+    Raises:
+        ValueError: In forward, as ``F.interpolate``.
+
+    >>> import torch, safetorch as st
+    >>> st.UpsamplingBilinear2d(size=(1, 4))(torch.tensor([[[[0.0, 3.0]]]]))
+    tensor([[[[0., 1., 2., 3.]]]])
+    """
 
     def __init__(self, size: _Size = None, scale_factor: _Scale = None) -> None:
-        # Skip the torch subclass's __init__ (next in the MRO): it would call Upsample.__init__
-        # with its own signature; nn.Upsample.__init__ is what it ends up calling anyway.
-        nn.Upsample.__init__(self, size, scale_factor, self._mode, self._align_corners)  # type: ignore[arg-type]  # torch's stub is narrower than the values it accepts (int/float or tuple)
-
-
-class UpsamplingNearest2d(_FixedMode2d, nn.UpsamplingNearest2d):
-    __doc__ = _FIXED_MODE_DOC.format(
-        name="UpsamplingNearest2d",
-        what="2-D nearest-neighbour upsampling",
-        example=""">>> st.UpsamplingNearest2d(scale_factor=2)(torch.ones(1, 1, 2, 2)).shape
-    torch.Size([1, 1, 4, 4])""",
-    )
-
-
-class UpsamplingBilinear2d(_FixedMode2d, nn.UpsamplingBilinear2d):
-    __doc__ = _FIXED_MODE_DOC.format(
-        name="UpsamplingBilinear2d",
-        what="2-D bilinear upsampling, ``align_corners=True``",
-        example=""">>> st.UpsamplingBilinear2d(size=(1, 4))(torch.tensor([[[[0.0, 3.0]]]]))
-    tensor([[[[0., 1., 2., 3.]]]])""",
-    )
-    _mode = "bilinear"
-    _align_corners = True
+        nn.Upsample.__init__(
+            self,
+            size,  # type: ignore[arg-type]  # torch's stub is narrower than the values it accepts (int or tuple)
+            scale_factor,  # type: ignore[arg-type]  # torch's stub is narrower than the values it accepts (float or tuple)
+            mode="bilinear",
+            align_corners=True,
+        )

@@ -85,3 +85,18 @@ def zoo():
     return types.SimpleNamespace(
         Net=Net, LitModule=LitModule, WRAPPERS=WRAPPERS, randomized_net=randomized_net
     )
+
+
+@pytest.fixture(scope="session")
+def ckpt_dirs():
+    """``tests/checkpoint/_dirs.py`` (the hostile-file builders), loaded from its path: the
+    suite imports test files with ``--import-mode=importlib``, so ``tests`` is no package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_ckpt_dirs", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_dirs.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -41,9 +41,8 @@ def test_inspect_of_a_file_never_reads_tensor_data(tmp_path, monkeypatch):
     assert cli.inspect_checkpoint(str(path)) == full
 
 
-def test_inspect_meta_view_refuses_a_storage_longer_than_its_record(tmp_path):
-    from tests.checkpoint import _dirs
-
+def test_inspect_meta_view_refuses_a_storage_longer_than_its_record(tmp_path, ckpt_dirs):
+    _dirs = ckpt_dirs
     path = tmp_path / "short.pt"
     torch.save({"w": torch.arange(64.0)}, path)
     assert _dirs.truncate_storage_record(str(path))

@@ -539,12 +539,13 @@ def test_map_location_available_loads_cuda_checkpoints_on_cpu(tmp_path, monkeypa
 
 # --- a storage longer than its zip record ------------------------------------------------------
 @pytest.mark.parametrize("how", ["path", "mmap", "file object", "torch below 2.6"])
-def test_a_storage_longer_than_its_record_is_refused_on_every_path(tmp_path, how, simulate_torch):
+def test_a_storage_longer_than_its_record_is_refused_on_every_path(
+    tmp_path, how, simulate_torch, ckpt_dirs
+):
     """Storage sizes are checked against their zip records on every st.load path: read or
     mapped, safetorch's unpickler or torch's. torch's reader checks this only from late 2025
     (pytorch#165553) and never when mapping, where it reads the bytes after the record."""
-    from tests.checkpoint import _dirs
-
+    _dirs = ckpt_dirs
     path = tmp_path / "short.pt"
     torch.save({"w": torch.arange(64.0), "b": torch.ones(8)}, path)
     assert _dirs.truncate_storage_record(str(path))

@@ -200,7 +200,8 @@ def test_safetensors_headers_are_checked_by_safetensors_itself(tmp_path, header,
 def test_huge_header_length_is_refused(tmp_path):
     pytest.importorskip("safetensors")
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 2**62) + b"{}")
-    with pytest.raises(st.CheckpointError, match="header too large"):
+    # the package's words: "HeaderTooLarge" (safetensors 0.4), "header too large" (0.8)
+    with pytest.raises(st.CheckpointError, match="(?i)header ?too ?large"):
         st.load_state_dict(nn.Linear(2, 2), tmp_path)
 
 

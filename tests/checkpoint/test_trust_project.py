@@ -31,6 +31,11 @@ import safetorch as st
 from safetorch.checkpoint import _trust, _unpickler
 
 np = pytest.importorskip("numpy")
+# numpy < 1.25 has no numpy.dtypes: its dtype classes ("numpy.dtype[float64]") have no name
+# an allow= string can import.
+needs_numpy_dtypes = pytest.mark.skipif(
+    not hasattr(np, "dtypes"), reason="numpy.dtypes (importable dtype class names) is numpy 1.25+"
+)
 
 # side by side with torch.serialization.safe_globals (a context manager from torch 2.5)
 needs_safe_globals = pytest.mark.skipif(
@@ -421,6 +426,7 @@ def test_explicit_numpy_allow_admits_what_torch_admits(
             assert st.load(path)["s"] == data["s"]
 
 
+@needs_numpy_dtypes
 def test_allow_strings_from_the_refusal_load_under_the_patch(tmp_path, monkeypatch):
     path = _saved({"a": np.arange(3.0)}, tmp_path / "np.pt")
     with pytest.raises(st.UnsafeCheckpointError) as info:
@@ -431,6 +437,7 @@ def test_allow_strings_from_the_refusal_load_under_the_patch(tmp_path, monkeypat
         np.testing.assert_array_equal(torch.load(path)["a"], np.arange(3.0))
 
 
+@needs_numpy_dtypes
 def test_an_allow_string_names_a_type_once_imported():
     """BUILD sees the type a REDUCE made (no GLOBAL names it): an allow= string covers it by
     identity, and covers nothing else."""

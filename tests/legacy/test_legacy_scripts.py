@@ -28,6 +28,7 @@ from typing import Any, Dict, List, NamedTuple, Sequence
 import pytest
 
 from safetorch._cli import main as safetorch_main
+from safetorch._compat import LOAD_WEIGHTS_ONLY_DEFAULT_TRUE
 from safetorch.check import check_paths
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -111,7 +112,11 @@ def test_legacy_script(
     assert modern.code == 0, f"the modernised copy failed:\n{modern.stderr[-3000:]}"
 
     plain = _run(_copy(name, "legacy", tmp_path / "plain"), steps)
-    assert plain.code != 0 and entry["plain_error"] in plain.stderr, plain.stderr[-3000:]
+    assert plain.code != 0, plain.stderr[-3000:]
+    if "Weights only load failed" not in entry["plain_error"] or LOAD_WEIGHTS_ONLY_DEFAULT_TRUE:
+        # a torch whose torch.load is weights-only by default stops there; an older one gets
+        # further and fails on the script's next legacy idiom
+        assert entry["plain_error"] in plain.stderr, plain.stderr[-3000:]
 
     shimmed = _run(_copy(name, "legacy", tmp_path / "run"), steps, shim=True)
     if entry["run_completes"]:
