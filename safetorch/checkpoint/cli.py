@@ -63,9 +63,9 @@ from safetorch.checkpoint.keys import (
     match_keys,
     state_dict_keys,
 )
+from safetorch.checkpoint.layouts import saver_checkpoint
 from safetorch.checkpoint.loading import _torch_internals_quiet, load
 from safetorch.checkpoint.model_state import load_state_dict
-from safetorch.checkpoint.saver import saver_checkpoint
 from safetorch.checkpoint.saving import _unwrapped
 from safetorch.checkpoint.verify import verify_checkpoint
 from safetorch.errors import CheckpointError, UnsafeCheckpointError

@@ -26,6 +26,7 @@ import io
 import json
 import math
 import os
+import re
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -45,7 +46,12 @@ from safetorch.checkpoint.dcp import (
     nest_flat_keys,
 )
 from safetorch.checkpoint.keys import find_state_dict, known_prefixes, state_dict_keys
-from safetorch.checkpoint.loading import _torch_internals_quiet, load_checked, load_for_copy
+from safetorch.checkpoint.loading import (
+    PathLike,
+    _torch_internals_quiet,
+    load_checked,
+    load_for_copy,
+)
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError, UnsafeCheckpointError
 
 __all__: List[str] = []  # private module: the layout stage of st.load_state_dict and the CLI
@@ -646,6 +652,77 @@ class DCPDirectory(Layout):
         super().load_into(plain, dest)
 
 
+# --- CheckpointSaver directories -------------------------------------------------------------
+_STATE_FILE = re.compile(r"state-\d+\.pt")
+
+
+INDEX_NAME = "checkpoints.json"
+
+
+def _state_names(directory: str) -> List[str]:
+    """The ``save_state`` checkpoints (``state-<epoch>.pt``) in ``directory``, newest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((n for n in names if _STATE_FILE.fullmatch(n)), reverse=True)
+
+
+def saver_checkpoint(
+    directory: PathLike, index_name: str = INDEX_NAME
+) -> Optional[Tuple[str, str]]:
+    """The checkpoint a ``CheckpointSaver`` directory stands for, and what it is.
+
+    The newest complete ``save_state`` checkpoint (the one :meth:`CheckpointSaver.resume`
+    restores), else, in a directory of :meth:`CheckpointSaver.save`, the last checkpoint its
+    index names (resolved inside the directory by the checkpoint reader). ``safetorch ckpt``
+    reads a saver directory through this.
+
+    Returns:
+        ``(path, description)``, or ``None`` when ``directory`` is not a ``CheckpointSaver``
+        directory (no index, no ``state-<epoch>.pt``).
+
+    Raises:
+        CheckpointError: the index is unreadable, or the directory holds no checkpoint yet.
+
+    >>> import tempfile, torch, safetorch as st
+    >>> saver = st.CheckpointSaver(tempfile.mkdtemp())
+    >>> _ = saver.save({"w": torch.ones(1)}, epoch=3, metric=0.5)
+    >>> path, what = saver_checkpoint(saver.directory)
+    >>> os.path.basename(path), what
+    ('last.pt', 'last checkpoint of CheckpointSaver.save (epoch 3)')
+    """
+    root = os.path.abspath(os.fsdecode(os.fspath(directory)))
+    names = _state_names(root)
+    index_path = os.path.join(root, index_name)
+    if not names and not os.path.isfile(index_path):
+        return None
+    path = latest_complete(root, names)
+    if path is not None:
+        return path, "newest save_state checkpoint (CheckpointSaver.resume restores it)"
+    index = reader.read_json(index_path, "CheckpointSaver index")
+    last = index.get("last") if isinstance(index, dict) else None
+    if not isinstance(last, dict) or last.get("file") is None:
+        raise CheckpointError(
+            f"{root!r} is a CheckpointSaver directory that holds no complete checkpoint yet "
+            f"({index_name} names none)"
+        )
+    path = reader.Root(root).resolve(last["file"], "checkpoint")
+    return path, f"last checkpoint of CheckpointSaver.save (epoch {last.get('epoch')})"
+
+
+def latest_complete(directory: str, names: List[str]) -> Optional[str]:
+    """The newest of ``names`` in ``directory`` that is a complete checkpoint (used by
+    CheckpointSaver.resume): a file that opens, or a DCP directory with its .metadata."""
+    for name in names:
+        p = os.path.join(directory, name)
+        if os.path.isdir(p) and os.path.exists(os.path.join(p, DCP_METADATA)):
+            return p
+        if os.path.isfile(p) and os.path.getsize(p) > 0:
+            return p
+    return None
+
+
 # --- resolution --------------------------------------------------------------------------------
 def _is_index(path: str) -> bool:
     return path.endswith(".index.json")
@@ -675,6 +752,15 @@ def resolve(path: Any) -> Layout:
     names = set(os.listdir(p))
     if DCP_METADATA in names:
         return DCPDirectory(p, f"DCP directory {p!r}")
+    saver_error: Optional[CheckpointError] = None
+    try:
+        saver = saver_checkpoint(p)
+    except CheckpointError as exc:  # an index but nothing complete yet: other files may do
+        saver, saver_error = None, exc
+    if saver is not None:  # the checkpoint CheckpointSaver.resume (or its index) names
+        path, what = saver
+        where = f"{os.path.basename(path)} in {p!r}, the {what}"
+        return DCPDirectory(path, where) if os.path.isdir(path) else _file_layout(path, where)
     for name in _MODEL_FILES:
         if name in names:
             return _file_layout(os.path.join(p, name), f"{name} in {p!r}")
@@ -690,6 +776,8 @@ def resolve(path: Any) -> Layout:
         return ShardedIndex(os.path.join(p, indexes[0]), f"{indexes[0]} in {p!r}")
     if len(candidates) == 1:
         return _file_layout(os.path.join(p, candidates[0]), f"{candidates[0]} in {p!r}")
+    if not candidates and saver_error is not None:
+        raise saver_error
     if not candidates:
         raise CheckpointError(
             f"cannot load checkpoint {p!r}: the directory holds no model weights (no "

@@ -2,7 +2,7 @@
 
 It builds on both savers below it: :func:`safetorch.checkpoint.saving.save_checkpoint` for a
 state (``CheckpointSaver.save``) and :func:`safetorch.checkpoint.state.save_state` for exact
-resume (``CheckpointSaver.save_state`` / ``resume``). :func:`saver_checkpoint` tells the
+resume (``CheckpointSaver.save_state`` / ``resume``). ``layouts.saver_checkpoint`` tells the
 checkpoint a saver directory holds (``safetorch ckpt`` commands accept such a directory).
 """
 
@@ -13,19 +13,18 @@ import json
 import logging
 import math
 import os
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from safetorch._atomic import atomic_write
-from safetorch.checkpoint import reader
+from safetorch.checkpoint.layouts import _STATE_FILE, _state_names, latest_complete
 from safetorch.checkpoint.loading import PathLike
 from safetorch.checkpoint.saving import _link_or_copy, _save_local, on_rank0
-from safetorch.checkpoint.state import latest_complete, load_state, save_state
+from safetorch.checkpoint.state import load_state, save_state
 from safetorch.errors import CheckpointError
 
-__all__ = ["CheckpointSaver", "saver_checkpoint"]
+__all__ = ["CheckpointSaver"]
 
 logger = logging.getLogger("safetorch")
 
@@ -316,64 +315,6 @@ class CheckpointSaver:
         if last or os.path.exists(self.last_path):
             return "save"
         return "save_state" if _state_names(self.directory) else None
-
-
-_STATE_FILE = re.compile(r"state-\d+\.pt")
-
-
-INDEX_NAME = "checkpoints.json"
-
-
-def _state_names(directory: str) -> List[str]:
-    """The ``save_state`` checkpoints (``state-<epoch>.pt``) in ``directory``, newest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted((n for n in names if _STATE_FILE.fullmatch(n)), reverse=True)
-
-
-def saver_checkpoint(
-    directory: PathLike, index_name: str = INDEX_NAME
-) -> Optional[Tuple[str, str]]:
-    """The checkpoint a ``CheckpointSaver`` directory stands for, and what it is.
-
-    The newest complete ``save_state`` checkpoint (the one :meth:`CheckpointSaver.resume`
-    restores), else, in a directory of :meth:`CheckpointSaver.save`, the last checkpoint its
-    index names (resolved inside the directory by the checkpoint reader). ``safetorch ckpt``
-    reads a saver directory through this.
-
-    Returns:
-        ``(path, description)``, or ``None`` when ``directory`` is not a ``CheckpointSaver``
-        directory (no index, no ``state-<epoch>.pt``).
-
-    Raises:
-        CheckpointError: the index is unreadable, or the directory holds no checkpoint yet.
-
-    >>> import tempfile, torch, safetorch as st
-    >>> saver = st.CheckpointSaver(tempfile.mkdtemp())
-    >>> _ = saver.save({"w": torch.ones(1)}, epoch=3, metric=0.5)
-    >>> path, what = saver_checkpoint(saver.directory)
-    >>> os.path.basename(path), what
-    ('last.pt', 'last checkpoint of CheckpointSaver.save (epoch 3)')
-    """
-    root = os.path.abspath(os.fsdecode(os.fspath(directory)))
-    names = _state_names(root)
-    index_path = os.path.join(root, index_name)
-    if not names and not os.path.isfile(index_path):
-        return None
-    path = latest_complete(root, names)
-    if path is not None:
-        return path, "newest save_state checkpoint (CheckpointSaver.resume restores it)"
-    index = reader.read_json(index_path, "CheckpointSaver index")
-    last = index.get("last") if isinstance(index, dict) else None
-    if not isinstance(last, dict) or last.get("file") is None:
-        raise CheckpointError(
-            f"{root!r} is a CheckpointSaver directory that holds no complete checkpoint yet "
-            f"({index_name} names none)"
-        )
-    path = reader.Root(root).resolve(last["file"], "checkpoint")
-    return path, f"last checkpoint of CheckpointSaver.save (epoch {last.get('epoch')})"
 
 
 def _remove(path: str) -> None:

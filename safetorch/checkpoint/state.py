@@ -534,15 +534,3 @@ def _decode(path: str, name: str, t: torch.Tensor) -> Any:
         raise CheckpointError(
             f"{path!r}: cannot read the DCP byte entry {name!r} ({type(exc).__name__}: {exc})"
         ) from exc
-
-
-def latest_complete(directory: str, names: List[str]) -> Optional[str]:
-    """The newest of ``names`` in ``directory`` that is a complete checkpoint (used by
-    CheckpointSaver.resume): a file that opens, or a DCP directory with its .metadata."""
-    for name in names:
-        p = os.path.join(directory, name)
-        if os.path.isdir(p) and os.path.exists(os.path.join(p, dcp.DCP_METADATA)):
-            return p
-        if os.path.isfile(p) and os.path.getsize(p) > 0:
-            return p
-    return None

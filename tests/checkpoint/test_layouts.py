@@ -345,3 +345,33 @@ def test_one_file_is_a_layout_like_the_others(tmp_path, assign):
             layout.read(["state_dict.nope"])
     finally:
         layout.close()
+
+
+@pytest.mark.parametrize("kind", ["save", "save_state"])
+def test_a_checkpointsaver_directory_resolves_to_the_checkpoint_it_stands_for(tmp_path, kind):
+    """st.load_state_dict(model, saver_dir) loads what CheckpointSaver.resume (or its index)
+    names, as `safetorch ckpt` reads such a directory; the report says which file."""
+    saver = st.CheckpointSaver(tmp_path / "run")
+    for epoch in (1, 2):  # the newest one is what loads
+        net = _net(10 + epoch)
+        if kind == "save":
+            saver.save(net.state_dict(), epoch=epoch, metric=float(epoch))
+        else:
+            saver.save_state(epoch=epoch, metric=float(epoch), model=net)
+    layout = layouts.resolve(tmp_path / "run")
+    assert isinstance(layout, layouts.FileLayout) and layout.picked
+    model = _net(1)
+    report = st.load_state_dict(model, tmp_path / "run")
+    assert report.ok, report
+    assert ("last.pt" if kind == "save" else "state-000002.pt") in report.source
+    for k, v in _net(12).state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+
+
+def test_a_checkpointsaver_index_with_nothing_complete_says_so(tmp_path):
+    (tmp_path / "checkpoints.json").write_text(json.dumps({"last": None}))
+    with pytest.raises(st.CheckpointError, match="holds no complete checkpoint yet"):
+        st.load_state_dict(_net(1), tmp_path)
+    # other weights beside such an index still load
+    torch.save(SRC.state_dict(), tmp_path / "model.pt")
+    _assert_loaded(tmp_path)
