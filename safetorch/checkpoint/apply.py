@@ -39,11 +39,9 @@ def _has_load_hooks(model: nn.Module) -> bool:
 
 
 def _direct_targets(model: nn.Module, keys: Any) -> Dict[str, torch.Tensor]:
-    """The targets ``Module.load_state_dict`` would fill by a plain ``param.copy_(value)``: a
-    contiguous CPU tensor of a module that keeps torch's ``_load_from_state_dict``, with no
-    load hook anywhere in the model; the file's bytes may go straight into them."""
-    if _has_load_hooks(model):
-        return {}
+    """The targets ``Module.load_state_dict`` would fill by a plain ``param.copy_(value)`` in a
+    model without load hooks (the caller checks): a contiguous CPU tensor of a module that
+    keeps torch's ``_load_from_state_dict``; the file's bytes may go straight into them."""
     base = nn.Module._load_from_state_dict
     modules = dict(model.named_modules())
     out: Dict[str, torch.Tensor] = {}
@@ -77,6 +75,7 @@ class Destination:
         assign: ``Module.load_state_dict(assign=)``; ``None`` leaves torch's default.
         metadata: The source state dict's ``_metadata`` (module versions), given to every
             ``apply`` batch as torch would see it in one call.
+        targets: ``model.state_dict(keep_vars=True)`` where the caller has it already.
 
     ``apply(batch)`` loads ``{target key: value}`` with torch's ``Module.load_state_dict``
     (``strict=False``); over all batches, :meth:`result` says what torch reported: a key is
@@ -100,14 +99,17 @@ class Destination:
         keys: Any,
         assign: Optional[bool] = None,
         metadata: Any = None,
+        targets: Optional[Dict[str, Any]] = None,
     ) -> None:
         self.model = model
-        self.targets: Dict[str, Any] = model.state_dict(keep_vars=True)
+        self.targets: Dict[str, Any] = (
+            model.state_dict(keep_vars=True) if targets is None else targets
+        )
         self.assign = assign
         self._kwargs = {} if assign is None else {"assign": assign}
         self._metadata = metadata
         self.in_place = not assign and not _has_load_hooks(model)
-        self.direct: Dict[str, torch.Tensor] = {} if assign else _direct_targets(model, keys)
+        self.direct: Dict[str, torch.Tensor] = _direct_targets(model, keys) if self.in_place else {}
         self._missing: Optional[Set[str]] = None
         self._written: Set[str] = set()
         self.unexpected: List[str] = []

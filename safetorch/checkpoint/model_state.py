@@ -14,6 +14,7 @@ import warnings
 from typing import (
     Any,
     Callable,
+    Dict,
     Iterable,
     Mapping,
     Optional,
@@ -282,7 +283,7 @@ def _load_state_dict(
             model, report, "nothing was loaded; pass strict=False to load the matching keys"
         )
     if layout is not None:
-        result = _load_from_layout(model, layout, to_load, source_of, full, assign)
+        result = _load_from_layout(model, layout, to_load, source_of, full, assign, target)
     else:
         kwargs = {} if assign is None else {"assign": assign}
         result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
@@ -347,10 +348,11 @@ def _load_from_layout(
     source_of: Mapping[str, str],
     full: str,
     assign: Optional[bool],
+    targets: Dict[str, Any],
 ) -> Any:
     """Read the matched tensors of a layout into the model (the apply stage); what torch
     reported over all batches (as one ``Module.load_state_dict`` call would)."""
     pairs = [(tgt, full + source_of[tgt]) for tgt in to_load]
-    dest = Destination(model, to_load, assign, getattr(to_load, "_metadata", None))
+    dest = Destination(model, to_load, assign, getattr(to_load, "_metadata", None), targets)
     layout.load_into(pairs, dest)
     return dest.result()
