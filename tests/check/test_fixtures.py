@@ -6,9 +6,9 @@ import ast
 import re
 from collections import Counter
 from pathlib import Path
-from typing import List, Tuple
 
 import pytest
+from _fixture_run import expected_codes
 
 from safetorch.check import check_source, fix_source
 
@@ -25,15 +25,6 @@ CORPUS = sorted((FIXTURES / "corpus").glob("*.py"))
 FIX_PAIRS = sorted(FIXTURES.glob("*.in.py"))
 
 
-def _expected(source: str) -> List[Tuple[int, str]]:
-    found = []
-    for number, line in enumerate(source.splitlines(), start=1):
-        match = _EXPECT.search(line)
-        if match:
-            found.extend((number, code) for code in match.group(1).split())
-    return sorted(found)
-
-
 def test_fixture_sets_are_not_empty() -> None:
     assert len(FINDING_FIXTURES) >= 10
     assert len(FIX_PAIRS) >= 5
@@ -43,12 +34,12 @@ def test_fixture_sets_are_not_empty() -> None:
 def test_expected_findings(path: Path) -> None:
     source = path.read_text()
     got = sorted((d.line, d.code) for d in check_source(source, str(path), select=EVERY_RULE))
-    assert got == _expected(source)
+    assert got == expected_codes(source, _EXPECT)
 
 
 def test_clean_idioms_have_no_findings() -> None:
     source = (FIXTURES / "clean.py").read_text()
-    assert _expected(source) == []
+    assert expected_codes(source, _EXPECT) == []
     assert check_source(source, select=EVERY_RULE) == []
 
 

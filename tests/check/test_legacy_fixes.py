@@ -20,12 +20,12 @@ import sys
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List, Set, Tuple
+from typing import Set
 
 import pytest
 import torch
+from _fixture_run import expected_codes, run_fixture
 
-import safetorch as st
 from safetorch.check import check_source, fix_source
 from safetorch.check.engine import Context
 from safetorch.check.fixer import import_edit, wrap_edits
@@ -33,15 +33,6 @@ from safetorch.check.fixer import import_edit, wrap_edits
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy_fixes"
 PAIRS = sorted(FIXTURES.glob("*.in.py"))
 _EXPECT = re.compile(r"# expect: ((?:ST\d{3} ?)+)")
-
-
-def _expected(source: str) -> List[Tuple[int, str]]:
-    found = []
-    for number, line in enumerate(source.splitlines(), start=1):
-        match = _EXPECT.search(line)
-        if match:
-            found.extend((number, code) for code in match.group(1).split())
-    return sorted(found)
 
 
 def _touched(before: str, path: str) -> Set[int]:
@@ -67,7 +58,7 @@ def test_pairs_exist() -> None:
 def test_findings_are_the_expected_ones(path: Path) -> None:
     source = path.read_text()
     got = sorted((d.line, d.code) for d in check_source(source, str(path)))
-    assert got == _expected(source)
+    assert got == expected_codes(source, _EXPECT)
 
 
 @pytest.mark.parametrize("path", PAIRS, ids=lambda p: p.name)
@@ -106,22 +97,9 @@ def test_fix_changes_only_the_lines_of_findings(path: Path) -> None:
 
 
 # -- the fixed files run with plain torch and compute what the shims compute ------------------
-def _exec(path: Path, patched: bool, tmp: Path) -> Dict[str, Any]:
-    scope: Dict[str, Any] = {"__name__": "fixture", "__file__": str(tmp / path.name)}
-    code = compile(path.read_text(), str(path), "exec")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if patched:
-            with st.patched("legacy"):
-                exec(code, scope)
-        else:
-            exec(code, scope)
-    return scope
-
-
 def test_fixed_functions_give_the_gradients_of_the_shimmed_legacy_ones(tmp_path: Path) -> None:
-    legacy = _exec(FIXTURES / "legacy_function.in.py", True, tmp_path)
-    fixed = _exec(FIXTURES / "legacy_function.out.py", False, tmp_path)
+    legacy = run_fixture(FIXTURES / "legacy_function.in.py", True, tmp_path)
+    fixed = run_fixture(FIXTURES / "legacy_function.out.py", False, tmp_path)
     for a, b in zip(legacy["grads"], fixed["grads"]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for name in ("MyReLU", "LinearFunction", "GradReverse", "Scale"):
@@ -132,8 +110,8 @@ def test_fixed_functions_give_the_gradients_of_the_shimmed_legacy_ones(tmp_path:
 
 
 def test_fixed_volatile_code_builds_no_graph_where_the_shim_builds_none(tmp_path: Path) -> None:
-    legacy = _exec(FIXTURES / "volatile.in.py", True, tmp_path)
-    fixed = _exec(FIXTURES / "volatile.out.py", False, tmp_path)
+    legacy = run_fixture(FIXTURES / "volatile.in.py", True, tmp_path)
+    fixed = run_fixture(FIXTURES / "volatile.out.py", False, tmp_path)
     for name in ("evaluated", "trained", "helped", "predicted", "already", "final"):
         assert legacy[name].requires_grad == fixed[name].requires_grad, name
         torch.testing.assert_close(legacy[name].as_subclass(torch.Tensor), fixed[name])
@@ -145,7 +123,7 @@ def test_fixed_volatile_code_builds_no_graph_where_the_shim_builds_none(tmp_path
 
 
 def test_fixed_zero_dim_code_runs_with_plain_torch_and_gives_numbers(tmp_path: Path) -> None:
-    fixed = _exec(FIXTURES / "zero_dim.out.py", False, tmp_path)
+    fixed = run_fixture(FIXTURES / "zero_dim.out.py", False, tmp_path)
     for name in ("vae_loss", "lm_loss", "step_loss", "printed"):
         assert isinstance(fixed[name], float), name
     assert fixed["logged"].startswith("loss ") and fixed["word"] in ("the", "cat", "sat")
@@ -153,7 +131,7 @@ def test_fixed_zero_dim_code_runs_with_plain_torch_and_gives_numbers(tmp_path: P
     assert isinstance(fixed["first_row"], torch.Tensor) and fixed["first_row"].shape == (3,)
     # What cannot be shimmed: the legacy file fails under the shims at exactly those lines.
     with pytest.raises(IndexError, match="0-dimensional"):
-        _exec(FIXTURES / "zero_dim.in.py", True, tmp_path)
+        run_fixture(FIXTURES / "zero_dim.in.py", True, tmp_path)
 
 
 def test_fixed_whole_model_loads_run_with_plain_python(tmp_path: Path) -> None:

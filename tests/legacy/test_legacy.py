@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
+from _fixture_run import run_fixture
 
-import safetorch as st
 from safetorch import legacy
 from safetorch.errors import PatchWarning
 
@@ -245,24 +245,11 @@ def test_reduction_matches_torch_legacy_get_string(
     assert torch_says == expected
 
 
-def _run(path: Path, patched: bool) -> Dict[str, Any]:
-    scope: Dict[str, Any] = {"__name__": "fixture"}
-    code = compile(path.read_text(), str(path), "exec")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if patched:
-            with st.patched("legacy"):
-                exec(code, scope)
-        else:
-            exec(code, scope)
-    return scope
-
-
 @pytest.mark.parametrize("out_name", ["legacy_api.out.py", "legacy_api.safe.out.py"])
 def test_fixed_fixture_computes_what_the_shim_computes(out_name: str) -> None:
-    shim = _run(FIXTURES / "legacy_api.in.py", patched=True)
+    shim = run_fixture(FIXTURES / "legacy_api.in.py", patched=True)
     # The safe-fixed file keeps the calls only unsafe fixes rewrite: those still need the shim.
-    fixed = _run(FIXTURES / out_name, patched=out_name.endswith(".safe.out.py"))
+    fixed = run_fixture(FIXTURES / out_name, patched=out_name.endswith(".safe.out.py"))
     for name in ("x", "x2", "ev", "ev_low", "e", "V", "r", "r_tol", "mse", "l1", "nll"):
         a, b = shim[name], fixed[name]
         if isinstance(a, torch.Tensor):
