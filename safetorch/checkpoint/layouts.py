@@ -143,12 +143,6 @@ def _batches(
 
 
 # --- sharded indexes ---------------------------------------------------------------------------
-def _safetensors_meta(path: str) -> Dict[str, torch.Tensor]:
-    """``{key: meta tensor}`` of one .safetensors file (the one header parser: reader.py)."""
-    with reader.open_regular(path, "safetensors file") as f:
-        return reader.read_safetensors_header(f).meta()
-
-
 class ShardedIndex(Layout):
     """``*.index.json`` with a ``weight_map`` of key -> shard file (safetensors or torch).
 
@@ -849,10 +843,12 @@ class FileLayout(Layout):
 
     def read(self, keys: List[str]) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
+        tfile = self._tfile  # a meta view's tensors are read; a whole load's are the values
         for key in keys:
             value = self._locate(key)
-            is_meta = self._tfile is not None and isinstance(value, torch.Tensor)
-            out[key] = self._tfile.materialize(value) if is_meta else value  # type: ignore[union-attr]  # is_meta implies a torchfile
+            if tfile is not None and isinstance(value, torch.Tensor):
+                value = tfile.materialize(value)
+            out[key] = value
         return out
 
     def nbytes(self, key: str) -> int:

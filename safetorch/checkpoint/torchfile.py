@@ -97,10 +97,6 @@ class TorchFile:
     def close(self) -> None:
         self.file.close()
 
-    def covers(self, values: Mapping[str, Any]) -> bool:
-        """Whether every tensor among ``values`` came from this file's meta pass."""
-        return all(id(v) in self._where for v in values.values() if isinstance(v, torch.Tensor))
-
     def materialize(self, value: torch.Tensor) -> torch.Tensor:
         """One meta tensor of the view, read (a fresh tensor)."""
         out: Dict[str, Any] = {}
