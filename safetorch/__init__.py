@@ -29,6 +29,7 @@ __all__ = [
     *("safe_copy", "checked_index", "index_select", "gather"),
     # checkpoints
     *("load", "load_state_dict", "save_checkpoint", "CheckpointSaver", "save_state", "load_state"),
+    "save",
     # nn
     *("upsample", "upsample_nearest", "upsample_bilinear", "Upsample"),
     *("SyncBatchNorm", "convert_sync_batchnorm", "lint_model"),
@@ -57,7 +58,7 @@ _NAMES_BY_AREA: Dict[str, Tuple[str, ...]] = {
     ),
     "checkpoint": (
         *("load", "load_state_dict", "save_checkpoint", "CheckpointSaver"),
-        *("save_state", "load_state"),
+        *("save_state", "load_state", "save", "trust", "untrust", "Trusted"),
         *("unwrap_model", "canonical_key", "strip_wrapper_prefixes", "remap_state_dict"),
         *("match_keys", "KeyMatch", "find_state_dict", "LoadReport"),
     ),
@@ -77,7 +78,7 @@ _NAMES_BY_AREA: Dict[str, Tuple[str, ...]] = {
         *("IndexOutOfBoundsError", "DeviceMismatchError", "DataWarning"),
         *("CheckpointMismatchError", "CheckpointFormatError", "CheckpointFileNotFoundError"),
         *("CheckpointFileObjectError", "CheckpointNotSeekableError", "CheckpointWarning"),
-        *("DistributedWarning", "ModelWarning", "PatchWarning"),
+        *("DistributedWarning", "ModelWarning", "PatchWarning", "UnsafeAllowError"),
     ),
     "findings": ("Finding",),
 }
@@ -104,6 +105,7 @@ if TYPE_CHECKING:
     from .checkpoint import CheckpointSaver as CheckpointSaver
     from .checkpoint import KeyMatch as KeyMatch
     from .checkpoint import LoadReport as LoadReport
+    from .checkpoint import Trusted as Trusted
     from .checkpoint import canonical_key as canonical_key
     from .checkpoint import find_state_dict as find_state_dict
     from .checkpoint import load as load
@@ -111,9 +113,12 @@ if TYPE_CHECKING:
     from .checkpoint import load_state_dict as load_state_dict
     from .checkpoint import match_keys as match_keys
     from .checkpoint import remap_state_dict as remap_state_dict
+    from .checkpoint import save as save
     from .checkpoint import save_checkpoint as save_checkpoint
     from .checkpoint import save_state as save_state
     from .checkpoint import strip_wrapper_prefixes as strip_wrapper_prefixes
+    from .checkpoint import trust as trust
+    from .checkpoint import untrust as untrust
     from .checkpoint import unwrap_model as unwrap_model
     from .data import PinnedBatch as PinnedBatch
     from .data import SafeDataLoader as SafeDataLoader
@@ -141,6 +146,7 @@ if TYPE_CHECKING:
     from .errors import PatchWarning as PatchWarning
     from .errors import SafetorchError as SafetorchError
     from .errors import SafetorchWarning as SafetorchWarning
+    from .errors import UnsafeAllowError as UnsafeAllowError
     from .errors import UnsafeCheckpointError as UnsafeCheckpointError
     from .findings import Finding as Finding
     from .nn import BalancedDataParallel as BalancedDataParallel

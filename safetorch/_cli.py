@@ -24,6 +24,8 @@ import os
 import sys
 from typing import IO, Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
+from safetorch._text import escape  # stdlib only: --help stays torch-free
+
 __all__ = ["main", "build_parser", "COMMANDS", "paint"]
 
 #: subcommand -> ("module:function" that registers it, its one-line help). The help is
@@ -45,6 +47,10 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "run": (
         "safetorch._cli:add_run_parsers",
         "run a script (or -m module) as python would, with monkeypatches on",
+    ),
+    "trust": (
+        "safetorch._cli:add_trust_parsers",
+        "trust checkpoint files you vouch for: st.load then loads them fully",
     ),
     "install-hook": (
         "safetorch._cli:add_run_parsers",
@@ -93,7 +99,8 @@ def paint(text: str, style: str, stream: Any = None) -> str:
 def say_error(prog: str, message: str, stream: Optional[IO[str]] = None) -> None:
     """``prog: message`` on stderr (one line; the program name in bold on a terminal)."""
     out = sys.stderr if stream is None else stream
-    out.write(f"{paint(prog + ':', 'bold red', out)} {message}\n")
+    shown = escape(message, keep="\n")  # text from files (paths, keys) never acts on a terminal
+    out.write(f"{paint(prog + ':', 'bold red', out)} {shown}\n")
 
 
 # --- parsers -------------------------------------------------------------------------------
@@ -386,6 +393,14 @@ def add_run_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
         "also SAFETORCH_ALLOW=a.B,c.D); only for files you trust to contain it",
     )
     run.add_argument(
+        "--trust",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="a checkpoint file to trust for this run, as it is now (repeatable): torch.load "
+        "loads it fully (a whole model, numpy arrays); `safetorch trust FILE` makes it lasting",
+    )
+    run.add_argument(
         "--no-patch",
         action="append",
         default=None,
@@ -420,6 +435,34 @@ def add_run_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
             _epilog("exit status: 0 done, 1 the file cannot be written or removed, 2 a bad --dir."),
         )
         p.add_argument("--dir", default=None, help="site-packages directory (default: this venv)")
+
+
+def add_trust_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Register ``trust`` (nothing imported)."""
+    p = _leaf(
+        subparsers,
+        "trust",
+        COMMANDS["trust"][1],
+        "safetorch._trust_command:run",
+        _epilog(
+            "Each FILE is read once; its size and SHA-256 go into your private ledger",
+            "($XDG_STATE_HOME/safetorch, no paths stored). A changed file is untrusted again.",
+            "Files safetorch writes (st.save, st.save_checkpoint, CheckpointSaver, torch.save",
+            "under safetorch run) are recorded by themselves: this is for files from before.",
+            "exit status: 0 trusted (or removed), 1 a file could not be read or trusted, 2 a",
+            "usage error or no confirmation (not a terminal and no --yes).",
+        ),
+        description=(
+            "Show the globals each checkpoint FILE would import when loaded fully, ask for "
+            "confirmation, and record its hash: st.load and the patched torch.load then load "
+            "it as torch.load(weights_only=False) would. Nothing from the file runs here."
+        ),
+    )
+    p.add_argument("files", nargs="*", metavar="FILE", help="checkpoint files to trust")
+    p.add_argument("-y", "--yes", action="store_true", help="trust without asking (scripts)")
+    p.add_argument(
+        "--remove", action="store_true", help="take the trust back (the file as it is now)"
+    )
 
 
 _COMMAND_HELP = "what to run (each has its own --help)"

@@ -51,7 +51,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "Loading a checkpoint runs its code",
         "torch.load unpickles arbitrary objects unless weights_only=True (the default only "
         "from torch 2.6)",
-        ("st.load",),
+        ("st.load", "st.save", "st.trust"),
         "load",
         ("ST003",),
         (),
@@ -255,7 +255,7 @@ def by_id(pitfall_id: str) -> Pitfall:
     """The row with this id.
 
     >>> by_id("load-without-weights-only").functions
-    ('st.load',)
+    ('st.load', 'st.save', 'st.trust')
     """
     for row in PITFALLS:
         if row.id == pitfall_id:

@@ -27,6 +27,7 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointFileObjectError",
     "UnsafeCheckpointError",
+    "UnsafeAllowError",
     "CheckpointMismatchError",
 ]
 
@@ -183,6 +184,31 @@ class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     def __init__(self, message: str, unsafe_globals: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.unsafe_globals = tuple(unsafe_globals)
+
+
+class UnsafeAllowError(SafetorchError, ValueError):
+    """An ``allow=`` entry (``st.load``, ``safetorch run --allow``, ``SAFETORCH_ALLOW``) that can
+    run code: ``allow=`` admits data classes and known data reconstructors only (``name`` is
+    its ``module.Name``). A file that needs such a callable needs full trust
+    (``safetorch trust FILE`` / ``st.trust(path)``).
+
+    >>> import io, pickle, torch, safetorch as st
+    >>> buf = io.BytesIO(); torch.save({"w": torch.ones(1)}, buf); _ = buf.seek(0)
+    >>> try:
+    ...     st.load(buf, allow=[pickle.loads])
+    ... except st.UnsafeAllowError as e:
+    ...     print(type(e).__name__, isinstance(e, ValueError))
+    UnsafeAllowError True
+    """
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(
+            f"allow entry {name!r} can run code ({why}), so allow= cannot admit it: allow= "
+            "admits data classes and known data reconstructors only. A file that needs it needs "
+            "full trust: if you trust the file, record it with `safetorch trust FILE` or "
+            "st.trust(path), and st.load then loads it fully."
+        )
+        self.name = name
 
 
 class CheckpointFormatError(CheckpointError, pickle.UnpicklingError):

@@ -36,6 +36,14 @@ settings.register_profile(
 settings.load_profile("safetorch")
 
 
+@pytest.fixture(autouse=True)
+def _private_trust_ledger(tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test has its own trust ledger (``XDG_STATE_HOME``): nothing is written to the
+    user's own, no test sees what another trusted, and no run-scoped trust leaks in."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.delenv("SAFETORCH_TRUST", raising=False)
+
+
 @pytest.fixture
 def simulate_torch() -> Callable[..., ContextManager[None]]:
     """Simulate an older torch: ``with simulate_torch(LOAD_HAS_MMAP=False): ...``.

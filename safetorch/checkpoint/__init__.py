@@ -3,7 +3,9 @@
 ``st.load`` (weights-only everywhere, CPU by default, mmap when possible),
 ``st.load_state_dict`` (through DataParallel/DDP/compile/AveragedModel/FSDP prefixes, from one
 file, a shard index, a library directory or a DCP directory, with a :class:`LoadReport`),
-``st.save_checkpoint`` and ``st.CheckpointSaver`` (atomic, rank 0 only), ``st.save_state`` /
+``st.save`` (torch.save that records the files a weights-only load would refuse as trusted),
+``st.trust`` (the user's word for a file from elsewhere), ``st.save_checkpoint`` and
+``st.CheckpointSaver`` (atomic, rank 0 only), ``st.save_state`` /
 ``st.load_state`` (exact resume: objects, values and RNG, one file or DCP shards), and the key
 helpers behind them (``canonical_key``, ``remap_state_dict``, ...).
 """
@@ -23,7 +25,7 @@ from safetorch.checkpoint.loading import MapToAvailable, load
 from safetorch.checkpoint.model_state import load_state_dict
 from safetorch.checkpoint.report import LoadReport
 from safetorch.checkpoint.saver import CheckpointSaver
-from safetorch.checkpoint.saving import save_checkpoint
+from safetorch.checkpoint.saving import Trusted, save, save_checkpoint, trust, untrust
 from safetorch.checkpoint.state import load_state, save_state
 
 __all__: List[str] = [
@@ -32,6 +34,10 @@ __all__: List[str] = [
     "LoadReport",
     "unwrap_model",
     "save_checkpoint",
+    "save",
+    "trust",
+    "untrust",
+    "Trusted",
     "CheckpointSaver",
     "save_state",
     "load_state",

@@ -5,53 +5,66 @@ plain pickle runs ``BUILD`` (``setattr`` / ``__dict__.update``) on whatever obje
 stack, including classes and functions reached by ``GLOBAL``, which poisons the process for
 every later load. :class:`RestrictedUnpickler` is a pure-Python unpickler modelled opcode by
 opcode on ``torch/_weights_only_unpickler.py`` (torch >= 2.6) and never less strict than it.
-
-Opcode policy (anything not listed is refused with :class:`RefusedOpcode`):
+Nothing here decides from a pickle which code may run: a file is loaded by this policy or
+trusted whole by its hash (``safetorch trust FILE`` / ``st.trust(path)``).
 
 ==========================  ==================================================================
-opcode                      rule
+opcode                      rule (anything not listed is refused with :class:`RefusedOpcode`)
 ==========================  ==================================================================
-GLOBAL, STACK_GLOBAL        resolved through ``find_class``: only allow-listed ``module.Name``
-                            (torch's weights-only list, the caller's ``allow=``, the user's
-                            ``torch.serialization.add_safe_globals``) or, with a trust rule,
-                            what it admits; modules ``sys``, ``os``, ``posix``, ``nt`` never.
-                            STACK_GLOBAL only with two str operands.
-REDUCE                      only on an allow-listed callable; ``bytearray`` only from bytes/str
-                            (never ``bytearray(<huge int>)``), ``set``/``frozenset`` only from a
-                            list or tuple; a trust rule's numpy functions only with the
-                            arguments numpy writes.
-NEWOBJ                      only on an allow-listed *class* (``cls.__new__(cls, *args)``), or a
-                            class a trust rule admits, without arguments.
-BUILD                       only on an instance created by this load (never on a class,
-                            function, module or any object reached by GLOBAL) whose type is
-                            allow-listed (an ``allow=`` string counts once imported, and
-                            ``numpy.dtype`` covers ``numpy.dtypes.*``), ``Tensor``,
-                            ``Parameter`` or ``OrderedDict``, or a trust rule's class (a dict
-                            state only) or numpy array/dtype (numpy's state, no object
-                            dtype); state keys that are dunder names (``__class__``,
-                            ``__dict__``, ...) are refused.
-BINPERSID                   only torch's storage ids: ``("storage", <storage type>, key,
-                            location, numel[, view])``; never ``("module", ...)`` (torch's
-                            legacy reader writes ``.patch`` files for those) and never ints,
-                            except ``("module", cls, file, source)`` of a class a trust rule
-                            admitted, which stands for ``cls`` (torch's reader is not asked).
-INST, OBJ, EXT1/2/4,        refused (they call arbitrary classes or the copyreg registry).
-PERSID, NEWOBJ_EX, POP,
-DUP, buffers, text-mode ops
-containers, scalars,        as pickle defines them; SETITEM(S) only into dict / OrderedDict /
-strings, memo, MARK, FRAME  Counter, APPEND(S) only into list, ADDITEMS only into set.
+GLOBAL, STACK_GLOBAL        only allow-listed ``module.Name`` (torch's weights-only list, the
+                            caller's ``allow=``, the user's ``add_safe_globals``); never
+                            ``sys``, ``os``, ``posix``, ``nt``. STACK_GLOBAL: two str operands.
+REDUCE                      only on an allow-listed callable; ``bytearray`` only from bytes/str,
+                            ``set``/``frozenset`` only from a list or tuple; allow= classes and
+                            numpy as below.
+NEWOBJ                      only on an allow-listed *class* (``cls.__new__(cls, *args)``);
+                            allow= classes as below; never a numpy type.
+BUILD                       only on an instance created by this load (never on anything GLOBAL
+                            reached) whose type is allow-listed (an ``allow=`` string counts once
+                            imported; ``numpy.dtype`` covers ``numpy.dtypes.*``), ``Tensor``,
+                            ``Parameter``, ``OrderedDict``; no dunder state keys.
+BINPERSID                   only torch's storage ids ``("storage", <storage type>, key,
+                            location, numel[, view])``; never ``("module", ...)`` nor ints.
+INST, OBJ, EXT*, PERSID,    refused (they call arbitrary classes or the copyreg registry).
+NEWOBJ_EX, POP, DUP, ...
+containers, scalars, memo   as pickle defines them; SETITEM(S) only into dict / OrderedDict /
+                            Counter, APPEND(S) only into list, ADDITEMS only into set.
 ==========================  ==================================================================
 
-The trust rule (``st.load(..., trust_root=DIR)``, ``safetorch run``) is
-:mod:`safetorch.checkpoint._trust`; its docstring states the boundary exactly.
+``allow=`` (``st.load``, ``safetorch run --allow``, ``SAFETORCH_ALLOW``) admits *data*, never
+code, decided from what each entry *is*, never from a list of bad names; anything else raises
+:class:`UnsafeAllowError`. A string is checked once its module is imported (never importing it):
+
+=================  ===========================================================================
+a class            unless it has a ``__del__`` (``subprocess.Popen``) or its only constructor is
+                   its own code (``functools.partial``, ``type``, ``types.FunctionType``,
+                   ``io.FileIO``). NEWOBJ only when ``__new__`` is ``object``'s or a builtin data
+                   type's (int float complex str bytes bytearray tuple list dict set frozenset),
+                   then BUILD (its ``__setstate__`` is the user's word). REDUCE only when the call
+                   runs no foreign code (metaclass ``type``, ``__new__`` and ``__init__`` from
+                   ``object`` / a builtin data type) or for a data class: ``datetime.date/time/
+                   datetime/timedelta/timezone``, ``decimal.Decimal``, ``fractions.Fraction``,
+                   ``uuid.UUID``, pathlib's six path classes, ``collections.OrderedDict/deque/
+                   Counter/defaultdict`` (factory None or an allowed class),
+                   ``argparse.Namespace``, ``builtins.set/frozenset/bytearray/complex/slice/
+                   range``, ``numpy.dtype``, an ``enum.Enum`` by one value through enum's own
+                   metaclass. Arguments: builtin data values or data-class instances only.
+a function         only a known data reconstructor: ``copyreg._reconstructor`` (an allowed
+                   class; base ``object`` or a builtin data type), ``_codecs.encode``, numpy's
+                   ``_reconstruct`` / ``scalar`` (``numpy[._]core.multiarray``), torch's list.
+=================  ===========================================================================
+
+numpy (whoever allowed it): no path builds an object dtype. ``numpy.dtype`` is called only as
+``(str, bool, True)``, ``_reconstruct`` as ``(numpy.ndarray, <empty shape>, str)``, ``scalar``
+with a checked dtype and its itemsize in bytes. Each dtype made, BUILT or used is checked from
+``.kind``, ``.fields``, ``.subdtype`` (recursively) and its layout, never trusted from its flags
+(a forged state says ``hasobject=0`` for ``'O'``). A dtype is BUILT once, as a fresh copy,
+before anything uses it; an array once, after ``_reconstruct`` made it.
 
 Work is bounded: at most :data:`MAX_STACK` live stack items (all MARK levels together) and
 :data:`MAX_MEMO` memo entries; strings and bytes are read with explicit lengths and checked.
-
-:func:`scan_pickle` walks the same opcodes without building anything, to name *every*
-unsafe global in a refusal. It keeps only what ``STACK_GLOBAL`` needs (the last two strings
-pushed, and memoized strings up to a cap), so its memory does not grow with the opcode count,
-and it stops at the first opcode the unpickler would refuse, at a byte budget or a deadline.
+The bounded scanner that names *every* unsafe global in a refusal, executing nothing, walks the
+same opcodes in :mod:`safetorch.checkpoint._scan`.
 """
 
 from __future__ import annotations
@@ -64,16 +77,13 @@ import io
 import pickle
 import struct
 import sys
-import time
 import types
-import zipfile
-from typing import IO, Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import IO, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 import torch
 
 from safetorch import _compat
-from safetorch.checkpoint import _trust, formats
-from safetorch.errors import CheckpointError
+from safetorch.errors import CheckpointError, UnsafeAllowError
 
 __all__: List[str] = []  # private module
 
@@ -86,34 +96,16 @@ DEFAULT_EXTRA_ALLOWED: Tuple[Any, ...] = (argparse.Namespace,)
 
 # Globals that run code or reach the OS: flagged as dangerous in refusal messages.
 KNOWN_DANGEROUS = frozenset(
-    {
-        "os.system",
-        "posix.system",
-        "nt.system",
-        "os.popen",
-        "os.execv",
-        "os.execve",
-        "subprocess.Popen",
-        "subprocess.call",
-        "subprocess.check_call",
-        "subprocess.check_output",
-        "subprocess.run",
-        "builtins.eval",
-        "builtins.exec",
-        "builtins.compile",
-        "builtins.__import__",
-        "builtins.getattr",
-        "builtins.setattr",
-        "builtins.open",
-        "runpy._run_code",
-        "importlib.import_module",
-    }
+    "os.system posix.system nt.system os.popen os.execv os.execve subprocess.Popen "
+    "subprocess.call subprocess.check_call subprocess.check_output subprocess.run builtins.eval "
+    "builtins.exec builtins.compile builtins.__import__ builtins.getattr builtins.setattr "
+    "builtins.open runpy._run_code importlib.import_module".split()
 )
 
 
 class RefusedGlobal(pickle.UnpicklingError):
-    """A GLOBAL outside the allow-list (``name`` is its ``module.Name``; ``reason``, when a
-    trust rule was asked too, says why it did not admit it)."""
+    """A GLOBAL outside the allow-list (``name`` is its ``module.Name``; ``reason``, when the
+    allow= rule refused an ``allow=`` string once imported, says why)."""
 
     def __init__(self, name: str, reason: str = "") -> None:
         text = f"global {name!r} is not allow-listed for weights-only loading"
@@ -145,34 +137,22 @@ def _normalize(module: str, name: str) -> str:
 # below are the fallback when that private function is missing or fails; they mirror torch
 # 2.13's list (no builtins.slice / builtins.range: torch does not allow them).
 _TORCH_UTILS_REBUILDERS = (
-    "_rebuild_tensor",
-    "_rebuild_tensor_v2",
-    "_rebuild_tensor_v3",
-    "_rebuild_parameter",
-    "_rebuild_parameter_with_state",
-    "_rebuild_qtensor",
-    "_rebuild_sparse_tensor",
-    "_rebuild_meta_tensor_no_storage",
-    "_rebuild_nested_tensor",
-    "_rebuild_wrapper_subclass",
-    "_rebuild_device_tensor_from_cpu_tensor",
-)
+    "_rebuild_tensor _rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_parameter "
+    "_rebuild_parameter_with_state _rebuild_qtensor _rebuild_sparse_tensor "
+    "_rebuild_meta_tensor_no_storage _rebuild_nested_tensor _rebuild_wrapper_subclass "
+    "_rebuild_device_tensor_from_cpu_tensor"
+).split()
 _TORCH_ALLOWED: Optional[Dict[str, Any]] = None
+_TORCH_IDS: Set[int] = set()  # ids of its objects
 
 
 def _fallback_allowed_globals() -> Dict[str, Any]:
     rc: Dict[str, Any] = {
-        "collections.OrderedDict": collections.OrderedDict,
-        "collections.Counter": collections.Counter,
-        "torch.nn.parameter.Parameter": torch.nn.Parameter,
-        "torch.Size": torch.Size,
-        "torch.Tensor": torch.Tensor,
-        "torch.device": torch.device,
-        "_codecs.encode": codecs.encode,
-        "builtins.bytearray": bytearray,
-        "builtins.set": set,
-        "builtins.complex": complex,
+        qualified_name(obj): obj  # collections.OrderedDict, torch.nn.parameter.Parameter, ...
+        for obj in (collections.OrderedDict, collections.Counter, torch.nn.Parameter, torch.Size)
     }
+    rc.update({qualified_name(obj): obj for obj in (torch.Tensor, torch.device, codecs.encode)})
+    rc.update({qualified_name(obj): obj for obj in (bytearray, set, complex)})
     if _compat.get_layout is not None:
         rc["torch.serialization._get_layout"] = _compat.get_layout
     for name in _TORCH_UTILS_REBUILDERS:
@@ -206,7 +186,13 @@ def torch_allowed_globals() -> Dict[str, Any]:
         # Older torch lists fewer safe types (1.13 has no set, bytes or complex); the written-out
         # list mirrors the newest torch's, so a file loads alike on every torch.
         _TORCH_ALLOWED = {**_fallback_allowed_globals(), **(found or {})}
+        _TORCH_IDS.update(id(v) for v in _TORCH_ALLOWED.values())
     return _TORCH_ALLOWED
+
+
+def _torch_ids() -> Set[int]:
+    torch_allowed_globals()  # fills _TORCH_IDS once
+    return _TORCH_IDS
 
 
 def user_safe_globals() -> Dict[str, Any]:
@@ -223,12 +209,103 @@ def user_safe_globals() -> Dict[str, Any]:
     return out
 
 
+# --- the allow= rule: data classes and known data reconstructors, never code ------------------
+# Builtin data types whose __new__ / __init__ run no foreign code, and the argument types a
+# constructor of an allow= class may be given (or instances of the data classes below).
+_DATA_BASES: Tuple[type, ...] = (object, int, float, complex, str, bytes, bytearray, tuple)
+_DATA_BASES += (list, dict, set, frozenset)
+_PLAIN_ARGS = frozenset({type(None), bool, *_DATA_BASES} - {object})
+# Looked up by identity in modules already imported (nothing is imported to check an object).
+_DATA_CLASSES = (
+    "builtins.set builtins.frozenset builtins.bytearray builtins.complex builtins.slice "
+    "builtins.range argparse.Namespace uuid.UUID collections.OrderedDict collections.defaultdict "
+    "collections.deque collections.Counter decimal.Decimal fractions.Fraction datetime.date "
+    "datetime.time datetime.datetime datetime.timedelta datetime.timezone pathlib.PurePath "
+    "pathlib.PurePosixPath pathlib.PureWindowsPath pathlib.Path pathlib.PosixPath "
+    "pathlib.WindowsPath numpy.dtype"
+).split()
+_DATA_FUNCTIONS = (
+    "copyreg._reconstructor _codecs.encode codecs.encode numpy._core.multiarray._reconstruct "
+    "numpy.core.multiarray._reconstruct numpy._core.multiarray.scalar numpy.core.multiarray.scalar"
+).split()
+
+
+def _loaded(name: str) -> Any:
+    """The object ``"pkg.mod.Name"`` names in modules already imported, or None: imports
+    nothing and runs no module ``__getattr__`` (plain ``__dict__`` lookups only). numpy 2's
+    ``numpy.core`` shim (a ``__getattr__``) is read as the ``numpy._core`` it forwards to."""
+    if name.startswith("numpy.core.") and "numpy._core" in sys.modules:
+        name = "numpy._core." + name[len("numpy.core.") :]
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        obj: Any = sys.modules.get(".".join(parts[:cut]))
+        if isinstance(obj, types.ModuleType):
+            for attr in parts[cut:]:
+                obj = vars(obj).get(attr) if isinstance(obj, (types.ModuleType, type)) else None
+            return obj
+    return None
+
+
+def _is_one_of(obj: Any, names: Iterable[str]) -> bool:
+    return any(_loaded(n) is obj for n in names)
+
+
+def _owner(cls: type, attr: str) -> Any:
+    """The class of ``cls``'s MRO whose own ``__dict__`` defines ``attr``."""
+    return next((k for k in type.__dict__["__mro__"].__get__(cls) if attr in vars(k)), None)
+
+
+def _enum_class(cls: type) -> bool:
+    """An Enum subclass whose metaclass call is enum's own (a lookup by value)."""
+    enum = sys.modules.get("enum")
+    return enum is not None and _owner(type(cls), "__call__") is enum.EnumMeta
+
+
+def _class_refusal(cls: type) -> str:
+    """Why the allow= rule does not admit the class ``cls`` ("" when it does)."""
+    owner = _owner(cls, "__del__")
+    if owner not in (None, object):
+        return f"its instances run {_describe(owner)}.__del__ when destroyed"
+    if _is_one_of(cls, _DATA_CLASSES) or _enum_class(cls) or id(cls) in _torch_ids():
+        return ""
+    np = sys.modules.get("numpy")
+    if np is not None and (cls is np.ndarray or issubclass(cls, np.dtype)):  # BUILD targets
+        objects = cls is type(np.dtype(object))
+        return "numpy's object dtype: its arrays hold Python objects" if objects else ""
+    owner = _owner(cls, "__new__")
+    return "" if owner in _DATA_BASES else f"its constructor is {_describe(owner)}.__new__"
+
+
+def allow_refusal(obj: Any) -> str:
+    """Why ``allow=`` cannot admit ``obj`` ("" when it can): classes by what constructs them,
+    other callables only when they are known data reconstructors or already allowed."""
+    if isinstance(obj, type):
+        return _class_refusal(obj)
+    if id(obj) in _torch_ids() or _is_one_of(obj, _DATA_FUNCTIONS):
+        return ""
+    if any(obj is v for v in user_safe_globals().values()):
+        return ""  # the user's add_safe_globals allows it already
+    return f"a {type(obj).__name__}, not a class nor a known data reconstructor"
+
+
+def allow_would_admit(name: str) -> bool:
+    """True only when ``name`` (``module.Name``) names an object of an *already imported*
+    module (nothing is imported: a file's names never run module code) that ``allow=`` admits.
+    A refusal suggests ``allow=`` / ``--allow`` only for such names."""
+    if not isinstance(name, str) or name.split(".", 1)[0] in _BLOCKED_MODULES:
+        return False
+    obj = _loaded(name)
+    return obj is not None and not allow_refusal(obj)
+
+
 def resolve_allowed(allow: Iterable[Any]) -> Dict[str, Any]:
     """Map each ``allow`` entry (a class/function or a ``"module.Name"`` string) to its name.
 
-    Strings are kept unresolved (``None``): the object is imported only if a file uses it.
+    Strings are kept unresolved (``None``): the object is imported only if a file uses it, and
+    checked then (or now, when its module is imported already).
 
     Raises:
+        UnsafeAllowError: an entry can run code (the allow= table in the module docstring).
         TypeError: an entry is neither a class/function, a ``(obj, "module.Name")`` pair nor
             a string.
         ValueError: a string entry has no dot.
@@ -246,15 +323,19 @@ def resolve_allowed(allow: Iterable[Any]) -> Dict[str, Any]:
                     f"allow entry {entry!r} is not a 'module.Name' string; pass e.g. "
                     "'argparse.Namespace' or the class itself"
                 )
-            out[entry] = None
+            name, obj = entry, _loaded(entry)
         elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
-            out[entry[1]] = entry[0]  # torch's (obj, "module.Name") form
+            name, obj = entry[1], entry[0]  # torch's (obj, "module.Name") form
         elif callable(entry):
-            out[qualified_name(entry)] = entry
+            name, obj = qualified_name(entry), entry
         else:
             raise TypeError(
                 f"allow entry {entry!r} must be a class, a function or a 'module.Name' string"
             )
+        why = allow_refusal(obj) if obj is not None else ""
+        if why:
+            raise UnsafeAllowError(name, why)
+        out[name] = None if isinstance(entry, str) else obj
     return out
 
 
@@ -275,16 +356,15 @@ def import_global(name: str) -> Any:
 
 
 class Policy:
-    """The globals one load may resolve: torch's list, the user's safe globals, ``extra``,
-    and what ``trust`` (the project trust rule, :mod:`safetorch.checkpoint._trust`) admits.
+    """The globals one load may resolve: torch's list, the user's safe globals and ``extra``
+    (whose classes, and whose strings once imported, follow the allow= rule).
 
     Built per call, so an ``allow=`` never outlives its call nor reaches another thread.
     """
 
-    def __init__(
-        self, extra: Mapping[str, Any], trust: Optional[_trust.ProjectTrust] = None
-    ) -> None:
+    def __init__(self, extra: Mapping[str, Any]) -> None:
         self.names: Dict[str, Any] = {**torch_allowed_globals(), **user_safe_globals()}
+        self._base_ids = frozenset(id(v) for v in self.names.values())
         self._pending: Dict[str, Any] = {}
         for name, obj in extra.items():
             if obj is None:
@@ -292,45 +372,28 @@ class Policy:
             else:
                 self.names[name] = obj
         self.values_ids: FrozenSet[int] = frozenset(id(v) for v in self.names.values())
-        self.trust = trust
-        self._trusted: Dict[str, Any] = {}  # name -> object the trust rule admitted
-        self._roles: Dict[int, str] = {}  # id(object) -> its role (_trust.CLASS / CALL / VALUE)
 
     def allows(self, full: str) -> bool:
-        module = full.split(".", 1)[0]
-        if module in _BLOCKED_MODULES:
+        if full.split(".", 1)[0] in _BLOCKED_MODULES:
             return False
-        if full in self.names or full in self._pending or full in self._trusted:
-            return True
-        return self._admit(full)
-
-    def _admit(self, full: str) -> bool:
-        if self.trust is None:
-            return False
-        decision = self.trust.decide(full)
-        if decision.role is None:
-            return False
-        self._trusted[full] = decision.obj
-        self._roles[id(decision.obj)] = decision.role
-        return True
-
-    def why_refused(self, full: str) -> str:
-        """The trust rule's reason for refusing ``full`` ("" without a trust rule)."""
-        if self.trust is None or full.split(".", 1)[0] in _BLOCKED_MODULES:
-            return ""
-        return self.trust.decide(full).reason
+        return full in self.names or full in self._pending
 
     def resolve(self, full: str) -> Any:
         if not self.allows(full):
-            raise RefusedGlobal(full, self.why_refused(full))
+            raise RefusedGlobal(full)
         if full in self.names:
             return self.names[full]
-        if full in self._pending:  # an allow= string: import it on first use
-            obj = import_global(full)
-            self.names[full] = obj
-            self.values_ids = self.values_ids | {id(obj)}
-            return obj
-        return self._trusted[full]
+        obj = import_global(full)  # an allow= string: import it on first use, then check it
+        why = allow_refusal(obj)
+        if why:
+            raise RefusedGlobal(full, f"allow= names it, but it can run code: {why}")
+        self.names[full] = obj
+        self.values_ids = self.values_ids | {id(obj)}
+        return obj
+
+    def is_extra(self, obj: Any) -> bool:
+        """``obj`` is allowed by ``extra`` only (not by torch's list nor add_safe_globals)."""
+        return id(obj) not in self._base_ids
 
     def is_allowed_object(self, obj: Any) -> bool:
         """``obj`` is on the allow-list (an ``allow=`` string names it once it is imported:
@@ -347,10 +410,6 @@ class Policy:
                     return False
         return False
 
-    def trusted_role(self, obj: Any) -> Optional[str]:
-        """The role the trust rule gave ``obj`` in this load (None: not admitted by it)."""
-        return self._roles.get(id(obj)) if self._roles else None
-
 
 def _own_name(obj: Any) -> Optional[str]:
     """``"module.Qualname"`` of a class or function (None for other objects)."""
@@ -363,18 +422,21 @@ def _own_name(obj: Any) -> Optional[str]:
     return None
 
 
-def unsafe_globals(
-    names: Iterable[str], extra: Mapping[str, Any], trust: Optional[_trust.ProjectTrust] = None
-) -> List[str]:
-    """The subset of ``names`` that neither torch's list, the user's safe globals, ``extra``
-    nor ``trust`` allow (torch maps ``torch.<X>Storage`` names to storage types before any list
-    is read)."""
-    policy = Policy(extra, trust)
+def unsafe_globals(names: Iterable[str], extra: Mapping[str, Any]) -> List[str]:
+    """The subset of ``names`` that neither torch's list, the user's safe globals nor ``extra``
+    allow (torch maps ``torch.<X>Storage`` names to storage types before any list is read)."""
+    policy = Policy(extra)
     return [
         n
         for n in names
         if not policy.allows(n) and not (n.startswith("torch.") and n.endswith("Storage"))
     ]
+
+
+def ours_is_stricter(name: str) -> bool:
+    """Globals whose use this unpickler checks more strictly than torch's (numpy's: no object
+    dtype by any path): a file naming one must not be deferred to torch's unpickler."""
+    return name == "builtins.bytearray" or name.split(".", 1)[0] == "numpy"
 
 
 # --- the unpickler --------------------------------------------------------------------------
@@ -387,6 +449,13 @@ _op = {
 }
 _unpack = struct.unpack
 _DICT_TYPES = (dict, collections.OrderedDict, collections.Counter)
+_EMPTY = {_op[f"EMPTY_{t.__name__.upper()}"]: t for t in (dict, list, tuple, set)}
+_TUPLE_N = {_op["TUPLE1"]: 1, _op["TUPLE2"]: 2, _op["TUPLE3"]: 3}
+_CONSTANTS = {_op["NONE"]: None, _op["NEWTRUE"]: True, _op["NEWFALSE"]: False}
+_NUMBERS = {_op[k]: (struct.calcsize(f), f) for k, f in (("BININT", "<i"), ("BININT1", "<B"))}
+_NUMBERS.update(
+    {_op[k]: (struct.calcsize(f), f) for k, f in (("BININT2", "<H"), ("BINFLOAT", ">d"))}
+)
 
 
 def _is_dunder(key: Any) -> bool:
@@ -463,19 +532,9 @@ class RestrictedUnpickler:
 
     policy: Policy  # set by make_restricted_pickle_module
 
-    def __init__(
-        self,
-        file: IO[bytes],
-        *,
-        encoding: str = "ASCII",
-        errors: str = "strict",
-        fix_imports: bool = True,
-        **_ignored: Any,
-    ) -> None:
-        self.read = file.read
-        self.readline = file.readline
-        self.encoding = encoding
-        self.errors = errors
+    def __init__(self, file: IO[bytes], *, encoding: str = "ASCII", **kwargs: Any) -> None:
+        self.read, self.readline = file.read, file.readline
+        self.encoding, self.errors = encoding, kwargs.get("errors", "strict")  # fix_imports: on
         self.memo: Dict[int, Any] = {}
         self.proto = -1
 
@@ -505,6 +564,7 @@ class RestrictedUnpickler:
         metastack: List[List[Any]] = []
         memo = self.memo
         created_globals: set = set()  # ids of objects reached by GLOBAL: never BUILD targets
+        numpy = _NumpyGuard()
         depth = 0  # items below the current MARK level
         op = _op
         while True:
@@ -533,51 +593,39 @@ class RestrictedUnpickler:
                 metastack.append(stack)
                 depth += len(stack)
                 stack = []
-            elif c in (op["BINUNICODE"], op["SHORT_BINUNICODE"], op["BINUNICODE8"]):
-                n = (
-                    read(1)[0]
-                    if c == op["SHORT_BINUNICODE"]
-                    else _unpack("<I", read(4))[0]
-                    if c == op["BINUNICODE"]
-                    else _unpack("<Q", read(8))[0]
-                )
-                stack.append(str(read(n), "utf-8", "surrogatepass"))
-            elif c == op["GLOBAL"]:
-                module = self.readline()[:-1].decode("utf-8")
-                name = self.readline()[:-1].decode("utf-8")
-                obj = self.find_class(module, name)
-                created_globals.add(id(obj))
-                stack.append(obj)
-            elif c == op["STACK_GLOBAL"]:
-                name = stack.pop()
-                module = stack.pop()
+            elif c in _LEN_CODES:  # strings, bytes, LONG1: a length, then that many bytes
+                kind, size, fmt = _LEN_CODES[c]
+                n = _unpack(fmt, read(size))[0]
+                if n < 0:
+                    raise pickle.UnpicklingError("BINSTRING pickle has negative byte count")
+                data = read(n)
+                if kind == "BINUNICODE":
+                    stack.append(str(data, "utf-8", "surrogatepass"))
+                elif kind == "BINSTRING":
+                    stack.append(self._string(data))
+                else:
+                    stack.append(_LEN_VALUE[kind](data))
+            elif c == op["GLOBAL"] or c == op["STACK_GLOBAL"]:
+                if c == op["GLOBAL"]:
+                    module = self.readline()[:-1].decode("utf-8")
+                    name = self.readline()[:-1].decode("utf-8")
+                else:
+                    name, module = stack.pop(), stack.pop()
                 obj = self.find_class(module, name)
                 created_globals.add(id(obj))
                 stack.append(obj)
             elif c == op["BINPERSID"]:
                 pid = stack.pop()
-                if policy.trust is not None and _trusted_module_pid(pid, policy):
-                    # torch < 1.6's legacy format names each module class in a ("module",
-                    # cls, source file, source) id; torch's reader would compare sources (and
-                    # may write .patch files): the class a trust rule admitted is all it means.
-                    stack.append(pid[1])
-                    continue
                 check_persistent_id(pid)
                 stack.append(self.persistent_load(pid))
             elif c == op["REDUCE"]:
                 args = stack.pop()
                 func = stack[-1]
-                if type(args) is not tuple:
+                if type(args) is not tuple or not policy.is_allowed_object(func):
                     raise RefusedOpcode(f"REDUCE on {_describe(func)} is not allowed")
-                if policy.is_allowed_object(func):
-                    _check_reduce_args(func, args)
-                elif policy.trust is not None and policy.trusted_role(func) == _trust.CALL:
-                    why = policy.trust.check_call(func, args)
-                    if why:
-                        raise RefusedOpcode(f"REDUCE refused: {why}")
-                else:
-                    raise RefusedOpcode(f"REDUCE on {_describe(func)} is not allowed")
-                stack[-1] = func(*args)
+                _check_reduce_args(func, args, policy)
+                np = sys.modules.get("numpy")
+                stack[-1] = func(*args) if np is None else numpy.call(np, func, args)
             elif c == op["NEWOBJ"]:
                 args = stack.pop()
                 cls = stack.pop()
@@ -586,25 +634,20 @@ class RestrictedUnpickler:
                 if cls is torch.nn.Parameter:
                     stack.append(torch.nn.Parameter(*args))
                 elif policy.is_allowed_object(cls):
+                    np = sys.modules.get("numpy")
+                    if np is not None and issubclass(cls, (np.dtype, np.ndarray, np.generic)):
+                        raise RefusedOpcode(f"NEWOBJ on numpy's {_describe(cls)} is refused")
+                    if policy.is_extra(cls):
+                        _check_construction(cls, args, policy, "NEWOBJ")
                     stack.append(cls.__new__(cls, *args))
-                elif policy.trusted_role(cls) == _trust.CLASS:
-                    if args:  # torch.save writes NEWOBJ(cls, ()) for a module
-                        raise RefusedOpcode(f"NEWOBJ on {_describe(cls)} with arguments")
-                    stack.append(cls.__new__(cls, *args))  # args is () here
                 else:
                     raise RefusedOpcode(f"NEWOBJ on {_describe(cls)} is not allowed")
             elif c == op["BUILD"]:
                 state = stack.pop()
                 inst = stack[-1]
-                _build(inst, state, policy, created_globals)
-            elif c == op["EMPTY_DICT"]:
-                stack.append({})
-            elif c == op["EMPTY_LIST"]:
-                stack.append([])
-            elif c == op["EMPTY_TUPLE"]:
-                stack.append(())
-            elif c == op["EMPTY_SET"]:
-                stack.append(set())
+                _build(inst, state, policy, created_globals, numpy)
+            elif c in _EMPTY:
+                stack.append(_EMPTY[c]())
             elif c == op["SETITEM"]:
                 v = stack.pop()
                 k = stack.pop()
@@ -639,43 +682,14 @@ class RestrictedUnpickler:
                 stack = metastack.pop()
                 depth -= len(stack)
                 stack.append(tuple(items) if c == op["TUPLE"] else frozenset(items))
-            elif c == op["TUPLE1"]:
-                stack[-1] = (stack[-1],)
-            elif c == op["TUPLE2"]:
-                stack[-2:] = [(stack[-2], stack[-1])]
-            elif c == op["TUPLE3"]:
-                stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
-            elif c == op["NONE"]:
-                stack.append(None)
-            elif c == op["NEWTRUE"]:
-                stack.append(True)
-            elif c == op["NEWFALSE"]:
-                stack.append(False)
-            elif c == op["BININT"]:
-                stack.append(_unpack("<i", read(4))[0])
-            elif c == op["BININT1"]:
-                stack.append(read(1)[0])
-            elif c == op["BININT2"]:
-                stack.append(_unpack("<H", read(2))[0])
-            elif c == op["LONG1"]:
-                stack.append(pickle.decode_long(read(read(1)[0])))
-            elif c == op["BINFLOAT"]:
-                stack.append(_unpack(">d", read(8))[0])
-            elif c == op["SHORT_BINSTRING"] or c == op["BINSTRING"]:
-                n = read(1)[0] if c == op["SHORT_BINSTRING"] else _unpack("<i", read(4))[0]
-                if n < 0:
-                    raise pickle.UnpicklingError("BINSTRING pickle has negative byte count")
-                stack.append(self._string(read(n)))
-            elif c in (op["SHORT_BINBYTES"], op["BINBYTES"], op["BINBYTES8"], op["BYTEARRAY8"]):
-                n = (
-                    read(1)[0]
-                    if c == op["SHORT_BINBYTES"]
-                    else _unpack("<I", read(4))[0]
-                    if c == op["BINBYTES"]
-                    else _unpack("<Q", read(8))[0]
-                )
-                data = read(n)
-                stack.append(bytearray(data) if c == op["BYTEARRAY8"] else data)
+            elif c in _TUPLE_N:
+                n = _TUPLE_N[c]
+                stack[-n:] = [tuple(stack[-n:])]
+            elif c in _CONSTANTS:
+                stack.append(_CONSTANTS[c])
+            elif c in _NUMBERS:
+                size, fmt = _NUMBERS[c]
+                stack.append(_unpack(fmt, read(size))[0])
             elif c == op["FRAME"]:
                 read(8)  # a length hint; opcodes are read one by one regardless
             elif c == op["PROTO"]:
@@ -692,14 +706,6 @@ class RestrictedUnpickler:
                 )
 
 
-def _trusted_module_pid(pid: Any, policy: Policy) -> bool:
-    """``("module", cls, source_file, source)`` whose ``cls`` the trust rule admitted as a class."""
-    if type(pid) is not tuple or len(pid) != 4 or type(pid[2]) is not str:
-        return False
-    tag = pid[0].decode("ascii", "replace") if isinstance(pid[0], bytes) else pid[0]
-    return tag == "module" and type(pid[3]) is str and policy.trusted_role(pid[1]) == _trust.CLASS
-
-
 def _opname(code: int) -> str:
     name = _NAMES.get(code)
     return f"{name} ({bytes([code])!r})" if name else repr(bytes([code]))
@@ -712,16 +718,163 @@ def _describe(obj: Any) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _check_reduce_args(func: Any, args: Tuple[Any, ...]) -> None:
+def _check_reduce_args(func: Any, args: Tuple[Any, ...], policy: Policy) -> None:
     if func is bytearray:
         if args and not isinstance(args[0], (bytes, bytearray, str)):
             raise RefusedOpcode("REDUCE bytearray(...) only from bytes or str")
     elif func is set or func is frozenset:
         if args and type(args[0]) not in (list, tuple):
             raise RefusedOpcode("REDUCE set(...) only from a list or tuple")
+    elif isinstance(func, type) and policy.is_extra(func):
+        _check_construction(func, args, policy, "REDUCE")
+    elif policy.is_extra(func) and _is_one_of(func, ("copyreg._reconstructor",)):
+        cls, base, state = args if len(args) == 3 else (None, object, None)
+        if not (isinstance(cls, type) and policy.is_allowed_object(cls) and base in _DATA_BASES):
+            raise RefusedOpcode("REDUCE copyreg._reconstructor only of an allowed class")
+        if base is not object and not (issubclass(cls, base) and type(state) in _PLAIN_ARGS):
+            raise RefusedOpcode("REDUCE copyreg._reconstructor with a bad base or state")
+        _check_construction(cls, (), policy, "NEWOBJ")  # object.__new__(cls) or base's
 
 
-def _build(inst: Any, state: Any, policy: Policy, created_globals: set) -> None:
+def _check_construction(cls: type, args: Tuple[Any, ...], policy: Policy, how: str) -> None:
+    """REDUCE ``cls(*args)`` / NEWOBJ ``cls.__new__(cls, *args)`` of a class only ``extra``
+    allows: only when it runs no foreign code (the allow= table in the module docstring)."""
+    why = _class_refusal(cls)
+    data_class = _is_one_of(cls, _DATA_CLASSES)
+    new = _owner(cls, "__new__")
+    if why or data_class or (how == "NEWOBJ" and new in _DATA_BASES):
+        pass
+    elif how == "NEWOBJ":
+        why = f"its __new__ is {_describe(new)}'s own code"
+    elif _enum_class(cls):
+        why = "" if len(args) == 1 else "an Enum is called with its value only"
+    elif _owner(type(cls), "__call__") is not type:
+        why = f"its metaclass {_describe(type(cls))} has its own __call__"
+    elif new not in _DATA_BASES or _owner(cls, "__init__") not in _DATA_BASES:
+        why = f"calling it runs {_describe(_owner(cls, '__init__'))}.__init__ / __new__ code"
+    if data_class and cls is collections.defaultdict and args:
+        factory, args = args[0], args[1:]
+        if factory is not None and not (
+            isinstance(factory, type) and policy.is_allowed_object(factory)
+        ):
+            why = "a defaultdict's factory must be None or an allowed class"
+    plain = all(type(a) in _PLAIN_ARGS or _is_one_of(type(a), _DATA_CLASSES) for a in args)
+    if why or not plain:
+        raise RefusedOpcode(
+            f"{how} on {_describe(cls)} refused: {why or 'its arguments must be builtin data'}; "
+            "allow= admits data only, a file that needs more needs full trust (`safetorch "
+            "trust FILE` / st.trust(path))"
+        )
+
+
+# --- numpy: no path builds an object dtype ---------------------------------------------------
+_NPY_DATA_FLAGS = 0x08 | 0x10 | 0x80  # NEEDS_INIT, NEEDS_PYAPI, ALIGNED_STRUCT: no object bits
+
+
+def _dtype_problem(np: Any, d: Any, depth: int = 0) -> str:
+    """Why dtype ``d`` is refused ("" if not), from its kind, fields and subarray (recursively)
+    and its layout, never from its flags alone (a forged state can say ``hasobject=0``)."""
+    if not isinstance(d, np.dtype) or depth > 32:
+        return f"a {type(d).__name__} where a numpy dtype (nested at most 32 deep) belongs"
+    if d.kind == "O" or d.hasobject or d.flags & ~_NPY_DATA_FLAGS:
+        return f"a numpy {d.kind!r} dtype (flags {d.flags:#x}): object dtypes are refused"
+    if d.kind == "U" and d.itemsize % 4:
+        return f"a numpy unicode dtype of {d.itemsize} bytes"
+    if d.subdtype is not None:
+        base, shape = d.subdtype
+        count = 1
+        for n in shape:
+            count *= n if type(n) is int and n >= 0 else -1
+        if count < 0 or base.itemsize * count != d.itemsize:
+            return "a numpy subarray dtype whose size disagrees with its base and shape"
+        return _dtype_problem(np, base, depth + 1)
+    fields, names = d.fields, d.names
+    if (fields is None) != (names is None) or any(n not in fields for n in names or ()):
+        return "a numpy structured dtype whose names disagree with its fields"
+    for value in (fields or {}).values():
+        why = _dtype_problem(np, value[0], depth + 1)
+        if why or not 0 <= value[1] <= d.itemsize - value[0].itemsize:
+            return why or "a numpy structured dtype with a field outside its item"
+    return ""
+
+
+def _short(text: Any) -> bool:
+    return type(text) in (str, bytes) and len(text) <= 64
+
+
+class _NumpyGuard:
+    """One load's numpy objects: ``fresh`` (a ``numpy.dtype(..., True)`` copy or an array
+    ``_reconstruct`` made: BUILT at most once) and ``used`` (dtypes an array, scalar or dtype
+    holds: never BUILT). Both keep their objects alive, so ids stay unique."""
+
+    def __init__(self) -> None:
+        self.fresh: Dict[int, Any] = {}
+        self.used: Dict[int, Any] = {}
+
+    def use(self, np: Any, d: Any, keep: bool = True) -> None:
+        why = _dtype_problem(np, d)
+        if why:
+            raise RefusedOpcode(f"numpy refused: {why}")
+        if keep:
+            self.used[id(d)] = d
+
+    def call(self, np: Any, func: Any, args: Tuple[Any, ...]) -> Any:
+        """``func(*args)`` where numpy is imported: numpy's callables only as numpy pickles."""
+        mod = sys.modules.get("numpy._core.multiarray") or sys.modules.get("numpy.core.multiarray")
+        rebuild, a = getattr(mod, "_reconstruct", None), (*args, None, None, None)
+        if func is np.dtype:
+            ok = len(args) == 3 and _short(a[0]) and type(a[1]) is bool and a[2] is True
+            form = "" if ok else "(str, bool, True)"
+        elif isinstance(func, type) and issubclass(func, (np.dtype, np.ndarray, np.generic)):
+            form = "numpy.dtype, _reconstruct or scalar, never the class"
+        elif func is rebuild and rebuild is not None:
+            shape = a[1] if type(a[1]) is tuple and all(type(x) is int for x in a[1]) else (-1,)
+            ok = len(args) == 3 and a[0] is np.ndarray and min(shape, default=0) == 0
+            form = "" if ok and _short(a[2]) else "(numpy.ndarray, <an empty shape>, str)"
+        elif func is getattr(mod, "scalar", None) and func is not None:
+            ok = len(args) == 2 and isinstance(a[0], np.dtype) and type(a[1]) is bytes
+            form = "" if ok and len(a[1]) == a[0].itemsize else "(a dtype, its itemsize in bytes)"
+        else:
+            form = ""
+        if form:
+            raise RefusedOpcode(f"REDUCE {_describe(func)}(...) only as numpy pickles it: {form}")
+        for arg in args:
+            if isinstance(arg, np.dtype):
+                self.use(np, arg)
+        result = func(*args)
+        if isinstance(result, (np.dtype, np.ndarray, np.generic)):
+            self.use(np, getattr(result, "dtype", result), not isinstance(result, np.dtype))
+            if func is np.dtype or func is rebuild:
+                self.fresh[id(result)] = result
+        return result
+
+    def build(self, np: Any, inst: Any, state: Any) -> None:
+        """BUILD on a numpy dtype or array: numpy's own ``__setstate__``, once, checked."""
+        if id(inst) not in self.fresh or id(inst) in self.used or type(state) is not tuple:
+            raise RefusedOpcode(
+                f"BUILD on {_describe(inst)} refused: a numpy object is built once, with a "
+                "tuple state, right after numpy.dtype(..., True) / _reconstruct made it"
+            )
+        if isinstance(inst, np.dtype):
+            if len(state) not in (8, 9) or type(state[7]) is not int or state[7] & ~_NPY_DATA_FLAGS:
+                raise RefusedOpcode(
+                    "BUILD on a numpy dtype only with numpy's state, no object flags"
+                )
+            sub, fields = state[2], state[4]
+            for d in [sub[0]] if type(sub) is tuple and sub else []:
+                self.use(np, d)
+            for value in fields.values() if type(fields) is dict else ():
+                self.use(np, value[0] if type(value) is tuple and value else value)
+        elif len(state) not in (4, 5) or type(state[-1]) not in (bytes, bytearray):
+            raise RefusedOpcode("BUILD on a numpy array only with numpy's state and bytes")
+        else:
+            self.use(np, state[-3])
+        del self.fresh[id(inst)]
+        inst.__setstate__(state)
+        self.use(np, inst if isinstance(inst, np.dtype) else inst.dtype)
+
+
+def _build(inst: Any, state: Any, policy: Policy, created_globals: set, numpy: _NumpyGuard) -> None:
     if id(inst) in created_globals or isinstance(
         inst, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)
     ):
@@ -738,7 +891,17 @@ def _build(inst: Any, state: Any, policy: Policy, created_globals: set) -> None:
     elif kind is collections.OrderedDict:  # state dicts carry `_metadata`
         _check_state_keys(state, "on an OrderedDict")
         inst.__dict__.update(state)
-    elif policy.is_allowed_object(kind) or _numpy_dtype_allowed(kind, policy):
+    elif not (policy.is_allowed_object(kind) or _numpy_dtype_allowed(kind, policy)):
+        hint = ""
+        if isinstance(kind, type) and allow_would_admit(_own_name(kind) or ""):
+            hint = f"; allow {_own_name(kind)} if you trust it"
+        raise RefusedOpcode(f"BUILD on {_describe(inst)} is not allowed{hint}")
+    elif _numpy_object(inst):
+        np = sys.modules["numpy"]
+        if not isinstance(inst, (np.dtype, np.ndarray)):
+            raise RefusedOpcode(f"BUILD on {_describe(inst)} is refused")
+        numpy.build(np, inst, state)
+    else:
         setstate = getattr(inst, "__setstate__", None)
         if setstate is not None and getattr(kind, "__setstate__", None) is not getattr(
             object, "__setstate__", None
@@ -755,28 +918,11 @@ def _build(inst: Any, state: Any, policy: Policy, created_globals: set) -> None:
             _check_state_keys(slotstate, f"on {_describe(kind)}")
             for k, v in slotstate.items():
                 setattr(inst, k, v)
-    elif policy.trusted_role(kind) == _trust.CLASS:
-        # A project or torch.nn module: a dict of attributes, through the class's own
-        # __setstate__ (nn.Module's: __dict__.update plus defaults) when it has one.
-        if type(state) is not dict:
-            raise RefusedOpcode(
-                f"BUILD on {_describe(kind)} with a {type(state).__name__} state (a dict only)"
-            )
-        _check_state_keys(state, f"on {_describe(kind)}")
-        if getattr(kind, "__setstate__", None) is not getattr(object, "__setstate__", None):
-            inst.__setstate__(state)
-        else:
-            inst.__dict__.update(state)
-    elif policy.trust is not None and _trust.is_numpy_build_target(inst):
-        why = policy.trust.check_build(inst, state)
-        if why:
-            raise RefusedOpcode(why)
-        inst.__setstate__(state)  # numpy's own (C) __setstate__
-    else:
-        hint = ""
-        if isinstance(kind, type) and _own_name(kind) is not None:
-            hint = f"; allow {_own_name(kind)} if you trust it"
-        raise RefusedOpcode(f"BUILD on {_describe(inst)} is not allowed{hint}")
+
+
+def _numpy_object(obj: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(obj, (np.dtype, np.ndarray, np.generic))
 
 
 def _numpy_dtype_allowed(kind: Any, policy: Policy) -> bool:
@@ -793,13 +939,10 @@ def _numpy_dtype_allowed(kind: Any, policy: Policy) -> bool:
     )
 
 
-def make_restricted_pickle_module(
-    extra: Mapping[str, Any], trust: Optional[_trust.ProjectTrust] = None
-) -> types.ModuleType:
+def make_restricted_pickle_module(extra: Mapping[str, Any]) -> types.ModuleType:
     """A ``pickle_module`` for torch's readers whose ``Unpickler`` is :class:`RestrictedUnpickler`
-    with a per-call :class:`Policy` (torch's list + the user's safe globals + ``extra``, and
-    what ``trust`` admits)."""
-    policy = Policy(extra, trust)
+    with a per-call :class:`Policy` (torch's list + the user's safe globals + ``extra``)."""
+    policy = Policy(extra)
 
     class Unpickler(RestrictedUnpickler):
         pass
@@ -825,276 +968,23 @@ def is_refused_global(exc: BaseException) -> bool:
     return isinstance(exc, RefusedGlobal)
 
 
-# --- bounded scan ---------------------------------------------------------------------------
-class ScanResult:
-    """What :func:`scan_pickle` saw: globals in order, and why it stopped."""
-
-    __slots__ = ("globals", "complete", "refused", "torch_opcodes_only", "stopped")
-
-    def __init__(self) -> None:
-        self.globals: List[str] = []
-        self.complete = False  # reached STOP of every pickle scanned
-        self.refused: Optional[str] = None  # the first opcode the unpickler would refuse
-        self.torch_opcodes_only = True  # no opcode torch's own weights-only unpickler lacks
-        self.stopped: Optional[str] = None  # budget / deadline / truncation
-
-    def add(self, name: str) -> None:
-        if name not in self.globals and len(self.globals) < 256:
-            self.globals.append(name)
-
-
-_ARG_LEN = {  # fixed-size arguments
-    "BININT": 4,
-    "BININT1": 1,
-    "BININT2": 2,
-    "BINFLOAT": 8,
-    "BINGET": 1,
-    "LONG_BINGET": 4,
-    "BINPUT": 1,
-    "LONG_BINPUT": 4,
-    "FRAME": 8,
-    "PROTO": 1,
-}
-_NO_ARG = frozenset(
-    "NEWOBJ REDUCE BUILD APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1 TUPLE2 TUPLE3 NONE "
-    "NEWFALSE NEWTRUE EMPTY_TUPLE EMPTY_LIST EMPTY_DICT EMPTY_SET BINPERSID ADDITEMS FROZENSET "
-    "MEMOIZE STOP STACK_GLOBAL".split()
-)
-# Opcodes torch's own weights-only unpickler (torch 2.6+) supports; ours adds protocol 3-5
-# conveniences (FRAME, MEMOIZE, STACK_GLOBAL, short strings, bytes, sets).
-_TORCH_OPS = frozenset(
-    "GLOBAL NEWOBJ REDUCE BUILD APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1 TUPLE2 TUPLE3 "
-    "NONE NEWFALSE NEWTRUE EMPTY_TUPLE EMPTY_LIST EMPTY_DICT EMPTY_SET BININT BININT1 BININT2 "
-    "BINFLOAT BINUNICODE SHORT_BINSTRING BINPERSID BINGET LONG_BINGET BINPUT LONG_BINPUT LONG1 "
-    "PROTO STOP".split()
-)
+# --- opcode tables the scanner (checkpoint/_scan.py) shares -----------------------------
 _LEN_PREFIXED = {  # (length field size, struct format)
-    "BINUNICODE": (4, "<I"),
-    "SHORT_BINUNICODE": (1, "<B"),
-    "BINUNICODE8": (8, "<Q"),
-    "SHORT_BINSTRING": (1, "<B"),
-    "BINSTRING": (4, "<i"),
-    "SHORT_BINBYTES": (1, "<B"),
-    "BINBYTES": (4, "<I"),
-    "BINBYTES8": (8, "<Q"),
-    "BYTEARRAY8": (8, "<Q"),
-    "LONG1": (1, "<B"),
+    op: (struct.calcsize(fmt), fmt)
+    for op, fmt in (
+        x.split("=")
+        for x in "BINUNICODE=<I SHORT_BINUNICODE=<B BINUNICODE8=<Q SHORT_BINSTRING=<B "
+        "BINSTRING=<i SHORT_BINBYTES=<B BINBYTES=<I BINBYTES8=<Q BYTEARRAY8=<Q LONG1=<B".split()
+    )
 }
-_STRING_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"})
+# The unpickler's view: code -> (kind: BINUNICODE, BINSTRING, BINBYTES, BYTEARRAY, LONG1, size, fmt)
+_LEN_CODES = {
+    _op[k]: (k.replace("SHORT_", "").replace("8", ""), size, fmt)
+    for k, (size, fmt) in _LEN_PREFIXED.items()
+}
+_LEN_VALUE: Dict[str, Callable[[bytes], Any]] = {
+    "BINBYTES": bytes,
+    "BYTEARRAY": bytearray,
+    "LONG1": pickle.decode_long,
+}
 _NAMES = {code: name for name, code in _op.items()}
-_MEMO_STRINGS_CAP = 65536
-
-
-def scan_pickle(
-    stream: IO[bytes],
-    result: ScanResult,
-    *,
-    byte_budget: int = 1 << 30,
-    deadline: Optional[float] = None,
-) -> bool:
-    """Record the globals of one pickle in ``stream`` into ``result``, executing nothing.
-
-    Stops at STOP (returns True), or at the first refused opcode, truncation, the byte budget
-    or the deadline (returns False and says why in ``result``). Memory stays bounded: the last
-    two strings pushed and up to 65,536 memoized strings are all it keeps.
-    """
-    read = stream.read
-    readline = stream.readline
-    last: List[Any] = [None, None]  # the two most recent pushes, for STACK_GLOBAL
-    memo_strings: Dict[int, str] = {}
-    memo_count = 0
-    used = 0
-    ops = 0
-    names = _NAMES
-    while True:
-        key = read(1)
-        if not key:
-            result.stopped = "the pickle data is truncated"
-            return False
-        used += 1
-        ops += 1
-        if ops & 0xFFFF == 0:
-            if used > byte_budget:
-                result.stopped = f"the pickle is larger than {byte_budget} bytes"
-                return False
-            if deadline is not None and time.monotonic() > deadline:
-                result.stopped = "the scan ran out of time"
-                return False
-        name = names.get(key[0])
-        if name is None or (
-            name not in _TORCH_OPS
-            and name not in _NO_ARG
-            and name not in _LEN_PREFIXED
-            and name not in _ARG_LEN
-        ):
-            result.refused = _opname(key[0])
-            return False
-        if name not in _TORCH_OPS:
-            result.torch_opcodes_only = False
-        pushed: Any = None
-        if name == "STOP":
-            result.complete = True
-            return True
-        if name in _ARG_LEN:
-            n = _ARG_LEN[name]
-            arg = read(n)
-            used += n
-            if len(arg) != n:
-                result.stopped = "the pickle data is truncated"
-                return False
-            if name in ("BINPUT", "LONG_BINPUT"):
-                index = arg[0] if n == 1 else struct.unpack("<I", arg)[0]
-                if isinstance(last[1], str) and len(memo_strings) < _MEMO_STRINGS_CAP:
-                    memo_strings[index] = last[1]
-                continue  # PUT pushes nothing
-            if name in ("BINGET", "LONG_BINGET"):
-                pushed = memo_strings.get(arg[0] if n == 1 else struct.unpack("<I", arg)[0])
-        elif name in _LEN_PREFIXED:
-            size, fmt = _LEN_PREFIXED[name]
-            raw = read(size)
-            if len(raw) != size:
-                result.stopped = "the pickle data is truncated"
-                return False
-            n = struct.unpack(fmt, raw)[0]
-            if n < 0:
-                result.refused = f"{name} with a negative length"
-                return False
-            if name in _STRING_OPS and n <= 4096:
-                data = read(n)
-                if len(data) != n:
-                    result.stopped = "the pickle data is truncated"
-                    return False
-                pushed = data.decode("utf-8", "surrogatepass")
-            else:
-                skipped = _skip(stream, n)
-                if skipped != n:
-                    result.stopped = "the pickle data is truncated"
-                    return False
-            used += size + n
-        elif name == "GLOBAL":
-            module = readline(4096)
-            attr = readline(4096)
-            used += len(module) + len(attr)
-            if not module.endswith(b"\n") or not attr.endswith(b"\n"):
-                result.stopped = "the pickle data is truncated"
-                return False
-            result.add(
-                _normalize(
-                    module[:-1].decode("utf-8", "replace"), attr[:-1].decode("utf-8", "replace")
-                )
-            )
-        elif name == "STACK_GLOBAL":
-            if isinstance(last[0], str) and isinstance(last[1], str):
-                result.add(_normalize(last[0], last[1]))
-            else:
-                result.refused = "STACK_GLOBAL with a computed name"
-                return False
-        elif name == "MEMOIZE":
-            if isinstance(last[1], str) and len(memo_strings) < _MEMO_STRINGS_CAP:
-                memo_strings[memo_count] = last[1]
-            memo_count += 1
-            continue
-        last[0], last[1] = last[1], pushed
-
-
-def _skip(stream: IO[bytes], n: int) -> int:
-    """Skip ``n`` bytes of ``stream`` in bounded chunks; returns how many were there."""
-    done = 0
-    while done < n:
-        chunk = stream.read(min(n - done, 1 << 20))
-        if not chunk:
-            break
-        done += len(chunk)
-    return done
-
-
-def zip_record_prefix(names: List[str]) -> str:
-    """The record prefix torch's PyTorchStreamReader uses: the first entry's top directory."""
-    first = names[0] if names else ""
-    return first.split("/", 1)[0] if "/" in first else ""
-
-
-class _SeekableView:
-    """A file object with read/seek/tell (all torch.load needs) seen through the full file API
-    that ``zipfile`` expects (``seekable()``)."""
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-        self.read = f.read
-        self.seek = f.seek
-        self.tell = f.tell
-
-    def seekable(self) -> bool:
-        return True
-
-
-def seekable(f: Any) -> Any:
-    """``f`` itself when it has ``seekable()``, else a view that adds it (for ``zipfile``)."""
-    return f if callable(getattr(f, "seekable", None)) else _SeekableView(f)
-
-
-def scan_archive(
-    archive: zipfile.ZipFile, *, byte_budget: int = 1 << 30, seconds: float = 30.0
-) -> ScanResult:
-    """Scan ``<record prefix>/data.pkl`` of an open torch.save zip archive, streamed."""
-    result = ScanResult()
-    try:
-        names = archive.namelist()
-        member = f"{zip_record_prefix(names)}/data.pkl"
-        if member not in names:
-            result.stopped = "the archive has no data.pkl"
-            return result
-        with archive.open(member) as pkl:
-            scan_pickle(pkl, result, byte_budget=byte_budget, deadline=time.monotonic() + seconds)
-    except Exception as exc:  # BadZipFile (CRC, headers), OSError, ...
-        result.complete = False
-        result.stopped = f"the zip archive is damaged ({type(exc).__name__}: {exc})"
-    return result
-
-
-def scan_file(source: Any, *, byte_budget: int = 1 << 30, seconds: float = 30.0) -> ScanResult:
-    """Scan the pickle(s) of a ``torch.save`` file that torch itself would read.
-
-    Zip format: only ``<record prefix>/data.pkl``, streamed (nothing else is decompressed).
-    Legacy format: the magic number, protocol, system info, object and storage-key pickles.
-    """
-    result = ScanResult()
-    deadline = time.monotonic() + seconds
-    opened: Optional[IO[bytes]] = None
-    if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__"):
-        opened = open(source, "rb")  # noqa: SIM115 - closed below
-        stream: IO[bytes] = opened
-    else:
-        stream = source
-    try:
-        start = stream.tell()
-        if formats.sniff(stream) == "zip":  # reads the head, restores the position
-            try:
-                with zipfile.ZipFile(seekable(stream)) as archive:
-                    result = scan_archive(archive, byte_budget=byte_budget, seconds=seconds)
-            except Exception as exc:  # BadZipFile, OSError, OverflowError (3.9), ...
-                result.complete = False
-                result.stopped = f"the zip archive is damaged ({type(exc).__name__}: {exc})"
-        else:
-            for _ in range(5):
-                if not scan_pickle(stream, result, byte_budget=byte_budget, deadline=deadline):
-                    break
-                result.complete = False  # complete only once all five pickles ended
-            else:
-                result.complete = True
-        stream.seek(start)
-    finally:
-        if opened is not None:
-            opened.close()
-    return result
-
-
-def scan_globals(source: Any) -> Tuple[List[str], bool]:
-    """Every global the pickles of a ``torch.save`` file reference, executing nothing.
-
-    Returns:
-        ``(names, complete)``: ``"module.Name"`` strings in file order without duplicates,
-        and whether the scan reached the end of every pickle without a refused opcode.
-    """
-    result = scan_file(source)
-    return list(result.globals), result.complete

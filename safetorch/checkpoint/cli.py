@@ -8,11 +8,12 @@ directory, a shard index, a transformers/accelerate directory. Every file is rea
 :func:`safetorch.load` (weights-only; ``--allow`` and ``SAFETORCH_ALLOW`` are its ``allow=``),
 never plain pickle.
 
-Expected failures end in one line on stderr naming the value and the fix; exit status 2 for
-bad input (missing or unreadable paths, directories, bad options, corrupt files), 1 for
-findings (unsafe globals, differences, a checkpoint that does not fit) or failed work, 130 when
-interrupted, 0 otherwise. The argument definitions live in :mod:`safetorch._cli` (``--help``
-never imports torch); :func:`run_command` runs one.
+Text from files (keys, metadata, paths) is printed through :func:`safetorch._text.escape`
+(``--json``: ``json.dumps`` escapes it). Expected failures end in one line on stderr naming the
+value and the fix; exit status 2 for bad input (missing or unreadable paths, directories, bad
+options, corrupt files), 1 for findings (unsafe globals, differences, a checkpoint that does not
+fit) or failed work, 130 when interrupted, 0 otherwise. The argument definitions live in
+:mod:`safetorch._cli` (``--help`` never imports torch); :func:`run_command` runs one.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from safetorch import _compat
 from safetorch._atomic import atomic_write, atomic_write_dir
 from safetorch._cli import paint, say_error
 from safetorch._nest import iter_named_tensors, iter_tensors
-from safetorch.checkpoint import _unpickler, dcp, formats, layouts, reader, torchfile
+from safetorch._text import escape, escape_all
+from safetorch.checkpoint import _scan, _unpickler, dcp, formats, layouts, reader, torchfile
 from safetorch.checkpoint.formats import STATE_FORMAT
 from safetorch.checkpoint.keys import (
     _leading_prefixes,
@@ -198,7 +200,7 @@ def inspect_checkpoint(
     info["format"] = _format_of(path) if info["file_bytes"] else "empty"
     unsafe: List[str] = []
     if info["format"] in ("zip", "legacy"):
-        names, _ = _unpickler.scan_globals(path)
+        names, _ = _scan.scan_globals(path)
         extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
         unsafe = _unpickler.unsafe_globals(names, extra)
     info["unsafe_globals"] = unsafe
@@ -314,7 +316,7 @@ def _print_info(info: Dict[str, Any], out: IO[str]) -> None:
     if others:
         out.write(
             "other state dicts: "
-            + ", ".join(f"{k} ({n} entries; key={k!r})" for k, n in others.items())
+            + ", ".join(f"{k} ({n} entries; key='{k}')" for k, n in others.items())
             + "\n"
         )
     out.write(f"tensors: {info['tensor_count']}, {_human(info['tensor_bytes'])}\n")
@@ -945,8 +947,7 @@ def _print_keys(rows: List[Dict[str, Any]], out: IO[str]) -> None:
 
 # --- diff --------------------------------------------------------------------------------------
 def _pick_state_dict(obj: Any, key: Optional[str]) -> Mapping[str, Any]:
-    state_dict, _ = find_state_dict(obj, key)
-    return state_dict
+    return find_state_dict(obj, key)[0]
 
 
 def diff_checkpoints(
@@ -1370,7 +1371,7 @@ def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
     bad input, 1 for failed work, 130 when interrupted."""
 
     def say(text: str) -> None:
-        say_error(f"safetorch ckpt {command}", text)
+        say_error(f"safetorch ckpt {command}", escape(text))
 
     def run(args: argparse.Namespace) -> int:
         dcp_errors = _dcp_exception()
@@ -1535,12 +1536,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         info = _inspect_directory(args, allow)
         if args.json:
             _emit(args, info, _print_layout)
-        else:
-            _print_layout(info, sys.stdout)
-            if "checkpoint_layout" in info:
-                _print_layout(info["checkpoint_layout"], sys.stdout)
-            if "checkpoint" in info:
-                _print_info(info["checkpoint"], sys.stdout)
+        else:  # escaped once, then printed part by part
+            _print_layout(shown := escape_all(info), sys.stdout)
+            if "checkpoint_layout" in shown:
+                _print_layout(shown["checkpoint_layout"], sys.stdout)
+            if "checkpoint" in shown:
+                _print_info(shown["checkpoint"], sys.stdout)
         return 1 if info.get("checkpoint", {}).get("unsafe_globals") else 0
     _readable_file(args.path)
     info = inspect_checkpoint(args.path, allow=allow, key=args.key)
@@ -1552,7 +1553,7 @@ def _emit(args: argparse.Namespace, value: Any, printer: Callable[[Any, IO[str]]
     if args.json:
         sys.stdout.write(json.dumps(value, indent=2) + "\n")
     else:
-        printer(value, sys.stdout)
+        printer(escape_all(value), sys.stdout)
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -1583,15 +1584,15 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps({"path": args.dst, **summary}, indent=2) + "\n")
         return 0
-    what = f"{summary['tensors']} tensors"
+    summary, what = escape_all(summary), f"{summary['tensors']} tensors"
     if summary.get("key"):
         what += f" of {summary['key']!r}"
-    line = f"wrote {args.dst} ({summary['format']}, {what})"
+    line = f"wrote {escape(args.dst)} ({summary['format']}, {what})"
     if summary["dropped"]:
         why = (
             "a safetensors file holds one state dict's tensors; --to torch keeps everything"
             if summary["format"] == "safetensors"
-            else f"--key {args.key} writes only that state dict"
+            else f"--key {escape(args.key)} writes only that state dict"
         )
         line += "; " + paint(
             f"not carried over: {', '.join(summary['dropped'])}", "yellow", sys.stdout
@@ -1624,7 +1625,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(_report_json(report), indent=2) + "\n")
     else:
-        sys.stdout.write(f"{report}\n")
+        sys.stdout.write(escape(report, keep="\n") + "\n")
         verdict = (
             paint("fits", "green", sys.stdout) + ": st.load_state_dict(model, path) loads every key"
             if report.ok
@@ -1638,7 +1639,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-
     allow_list(args.allow)  # validated as everywhere; verify unpickles nothing
     if not os.path.isdir(args.path):  # a directory (a CheckpointSaver's too): every file in it
         _readable_file(args.path)
@@ -1649,8 +1649,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
         for problem in report.problems:
-            sys.stdout.write(f"{args.path}: {problem}\n")
-        sys.stdout.write(report.summary() + "\n")
+            sys.stdout.write(escape(f"{args.path}: {problem}") + "\n")
+        sys.stdout.write(escape(report.summary()) + "\n")
     return 0 if report.ok else 1
 
 

@@ -694,7 +694,15 @@ def saver_checkpoint(
     path = latest_complete(root, names)
     if path is not None:
         return path, "newest save_state checkpoint (CheckpointSaver.resume restores it)"
-    index = reader.read_json(index_path, "CheckpointSaver index")
+    # Inside the directory (a checkpoints.json symlink pointing out is refused), bounded.
+    raw = reader.Root(root).read(index_name, "CheckpointSaver index", reader.MAX_JSON_BYTES)
+    try:
+        index = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise CheckpointError(
+            f"CheckpointSaver index {index_path!r} is not valid JSON ({str(exc)[:200]}); "
+            "delete it to start a fresh index"
+        ) from None
     last = index.get("last") if isinstance(index, dict) else None
     if not isinstance(last, dict) or last.get("file") is None:
         raise CheckpointError(
@@ -708,8 +716,9 @@ def saver_checkpoint(
 def latest_complete(directory: str, names: List[str]) -> Optional[str]:
     """The newest of ``names`` in ``directory`` that is a complete checkpoint (used by
     CheckpointSaver.resume): a file that opens, or a DCP directory with its .metadata."""
+    root = reader.Root(directory)
     for name in names:
-        p = os.path.join(directory, name)
+        p = root.resolve(name, "checkpoint")  # a state-<epoch>.pt symlink out is refused
         if os.path.isdir(p) and os.path.exists(os.path.join(p, DCP_METADATA)):
             return p
         if os.path.isfile(p) and os.path.getsize(p) > 0:

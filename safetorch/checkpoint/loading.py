@@ -7,6 +7,7 @@ routes ``torch.load`` here, and this module must keep calling the original.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import pickle
@@ -29,7 +30,7 @@ import torch
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.checkpoint import _trust, _unpickler, formats, reader
+from safetorch.checkpoint import _provenance, _scan, _unpickler, formats, reader
 from safetorch.checkpoint.verify import check_file
 from safetorch.errors import (
     CheckpointError,
@@ -100,7 +101,6 @@ def _load_restricted(
     encoding: str,
     records: Optional[Mapping[str, int]] = None,
     unpickler: Any = None,
-    trust: Optional[_trust.ProjectTrust] = None,
 ) -> Any:
     """Load with safetorch's restricted unpickler (see _unpickler's opcode policy).
 
@@ -117,8 +117,6 @@ def _load_restricted(
     """
     if unpickler is not None:
         module = unpickler
-    elif trust is not None:
-        module = _unpickler.make_restricted_pickle_module(extra, trust)
     else:
         module = _unpickler.make_restricted_pickle_module(extra)
     if records is not None:
@@ -279,7 +277,7 @@ class _ZipFacts:
         self.problem = problem
         self.storages_stored = storages_stored
         self.records = records  # storage record name (after data/) -> bytes in the zip
-        self.scan: Optional[_unpickler.ScanResult] = None  # data.pkl's, when asked for
+        self.scan: Optional[_scan.ScanResult] = None  # data.pkl's, when asked for
 
 
 def _zip_facts(f: Any, scan: bool) -> _ZipFacts:
@@ -291,7 +289,7 @@ def _zip_facts(f: Any, scan: bool) -> _ZipFacts:
 
     with contextlib.ExitStack() as stack:
         try:
-            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else _unpickler.seekable(f)
+            fh = stack.enter_context(open(f, "rb")) if _is_path(f) else _scan.seekable(f)
             start = fh.tell()
             stack.callback(fh.seek, start)
             archive = stack.enter_context(zipfile.ZipFile(fh))
@@ -302,7 +300,7 @@ def _zip_facts(f: Any, scan: bool) -> _ZipFacts:
             )
         facts = _storage_facts(archive, infos)
         if scan and facts.problem is None:
-            facts.scan = _unpickler.scan_archive(archive)
+            facts.scan = _scan.scan_archive(archive)
         return facts
 
 
@@ -310,7 +308,7 @@ def _storage_facts(archive: Any, infos: List[Any]) -> _ZipFacts:
     import zipfile
 
     names = [i.filename for i in infos]
-    prefix = _unpickler.zip_record_prefix(names)
+    prefix = _scan.zip_record_prefix(names)
     if f"{prefix}/constants.pkl" in names:
         return _ZipFacts(
             "it is a TorchScript archive (torch.jit.save), not a torch.save checkpoint; load it "
@@ -343,42 +341,49 @@ def _storage_facts(archive: Any, infos: List[Any]) -> _ZipFacts:
     return _ZipFacts(None, stored, {i.filename[len(data) :]: i.file_size for i in storages})
 
 
-def _refusal_message(
-    name: str, unsafe: List[str], trust: Optional[_trust.ProjectTrust] = None
-) -> str:
+def _refusal_message(name: str, unsafe: List[str]) -> str:
+    """Why ``name`` was refused and every way out, in one message: the globals it names, the
+    ones ``allow=`` may admit (classes of data, never a callable that can run code), and the
+    two ways to trust the whole file."""
     dangerous = [n for n in unsafe if n in _unpickler.KNOWN_DANGEROUS]
     listed = ", ".join(unsafe)
     message = (
         f"refused to load {name}: it references {len(unsafe)} global(s) outside the "
         f"weights-only allow-list: {listed}. Nothing from the file was executed."
     )
-    if trust is not None:
-        policy = _unpickler.Policy({}, trust)
-        reasons = "; ".join(
-            f"{n}: {policy.why_refused(n) or 'its module is never allowed'}" for n in unsafe[:5]
-        )
-        message += f" The project trust rule (trust_root={trust.root!r}) refused them: {reasons}."
-    elif any(n.startswith(("torch.nn.", "numpy.")) for n in unsafe):
-        message += (
-            " A whole-model pickle (torch.save(model)) of your own nn.Module classes, or numpy "
-            "arrays: st.load(..., trust_root=<the directory of your model's source>), which "
-            "`safetorch run` passes for the script's directory."
-        )
     if dangerous:
         message += (
-            f" {', '.join(dangerous)} can run arbitrary code: do not allow them unless you "
-            "wrote this file yourself."
+            f" {', '.join(dangerous)} can run arbitrary code: trust this file only if you "
+            "wrote it yourself."
         )
-    flags = " ".join(f"--allow {n}" for n in unsafe)
+    admissible = [n for n in unsafe if _unpickler.allow_would_admit(n)]
+    if admissible and len(admissible) == len(unsafe):
+        flags = " ".join(f"--allow {n}" for n in admissible)
+        message += (
+            f" If they are data classes you trust, allow them for this load: "
+            f"st.load({name}, allow={admissible!r}); or register them with torch: "
+            f"torch.serialization.add_safe_globals([...]); under `safetorch run`: {flags} "
+            f"(or SAFETORCH_ALLOW={','.join(admissible)})."
+        )
     message += (
-        f" If you trust the file and these globals, allow them for this load: "
-        f"st.load({name}, allow={unsafe!r}); or register them with torch: "
-        f"torch.serialization.add_safe_globals([...]) or `with "
-        f"torch.serialization.safe_globals([...]):`; under `safetorch run`: {flags} (or "
-        f"SAFETORCH_ALLOW={','.join(unsafe)}). To load a fully trusted file: "
-        "weights_only=False."
+        f" Otherwise it needs full trust (a whole-model pickle, numpy arrays, custom objects): "
+        f"if you trust the file, run `safetorch trust {_shown_path(name)}` once (or "
+        f"st.trust(path)), or `safetorch run --trust {_shown_path(name)} ...` for one run; "
+        "st.load then loads it as torch.load(weights_only=False) would. Files written by "
+        "st.save, st.save_checkpoint, st.CheckpointSaver or under `safetorch run` are trusted "
+        "already; a file saved before safetorch was used needs this one step, and a changed "
+        "file needs it again."
     )
     return message
+
+
+def _shown_path(name: str) -> str:
+    """A display name (``repr`` of a path) as a shell word for the messages."""
+    if len(name) >= 2 and name[0] == name[-1] and name[0] in "'\"":
+        inner = name[1:-1]
+        if inner and all(c.isalnum() or c in "._-/+~:@" for c in inner):
+            return inner
+    return "FILE"
 
 
 def _load_safetensors(f: Any, name: str, map_location: Any) -> Any:
@@ -451,7 +456,6 @@ def load(
     allow: Iterable[Any] = (),
     encoding: str = "utf-8",
     verify: bool = False,
-    trust_root: Optional[PathLike] = None,
 ) -> Any:
     """Load a checkpoint safely: weights-only on every torch, CPU by default, never less strict
     than ``torch.load(weights_only=True)`` of the newest torch.
@@ -471,9 +475,17 @@ def load(
             :class:`MapToAvailable`).
         pickle_module: ``None`` or the standard ``pickle`` module (both load weights-only);
             any other module (e.g. ``dill``) unpickles fully and needs ``weights_only=False``.
-        weights_only: ``None`` (default) or ``True``: only tensors, containers and
-            allow-listed classes are rebuilt. ``False`` runs arbitrary pickle code: use it
-            only for trusted files (a CheckpointWarning says so).
+        weights_only: ``None`` (default): only tensors, containers and allow-listed
+            classes are rebuilt, unless the file is trusted by provenance: its bytes hash to
+            an entry of the user's ledger (safetorch wrote it: ``st.save``,
+            ``st.save_checkpoint``, ``st.CheckpointSaver``, ``torch.save`` under
+            ``safetorch run``; or the user trusted it: ``safetorch trust FILE``,
+            ``st.trust``, ``safetorch run --trust FILE``). A trusted file that a weights-only
+            load would refuse is read once into memory, hashed, and those same bytes are
+            loaded as ``torch.load(weights_only=False)`` loads them (a whole-model pickle,
+            numpy arrays). ``True``: weights-only, whatever the ledger says. ``False`` runs
+            arbitrary pickle code: use it only for trusted files (a CheckpointWarning says
+            so).
         mmap: ``True`` memory-maps the storages (torch >= 2.1, zip files given by path, and
             only uncompressed storages; otherwise the file is read, with a warning). The
             returned tensors then change if the file is rewritten later. ``None``/``False``
@@ -487,15 +499,7 @@ def load(
             ``.safetensors`` file (see :mod:`safetorch.checkpoint.verify`); a flipped byte
             inside a storage raises ``CheckpointError`` instead of loading as a wrong weight.
             It reads the whole file once more (see ``benchmarks/RESULTS.md`` for the cost).
-        trust_root: a directory of your own source files: also rebuild whole-model pickles
-            (``torch.save(model)``) of the ``nn.Module`` classes defined in it and in
-            ``torch.nn``, and numpy arrays, and nothing else (no other callable, no class
-            from outside the directory or from an installed package; the exact boundary is
-            in ``safetorch/checkpoint/_trust.py``). A project module the file names is
-            imported only if its source file inside the directory defines that class.
-            ``None`` (default): no such rule. ``safetorch run`` passes the script's
-            directory.
-
+            A file trusted by provenance is checked the same way before it is hashed.
     Returns:
         The loaded object.
 
@@ -507,8 +511,6 @@ def load(
             or legacy tar archive, or its tensors cannot be rebuilt (also a FileNotFoundError
             when it does not exist, an io.UnsupportedOperation when it is not seekable).
         TypeError: ``f`` is neither a path nor a binary file object.
-        ValueError: ``trust_root`` is not an existing directory, or is given with
-            ``weights_only=False``.
 
     >>> import io, torch, safetorch as st
     >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
@@ -531,7 +533,6 @@ def load(
         allow=allow,
         encoding=encoding,
         mmap_for_copy=False,
-        trust_root=trust_root,
     )
 
 
@@ -546,7 +547,6 @@ def _load(
     encoding: str,
     mmap_for_copy: bool,
     display: Optional[str] = None,
-    trust_root: Optional[PathLike] = None,
 ) -> Any:
     _check_file_argument(f)
     if weights_only not in (None, True, False):
@@ -567,14 +567,6 @@ def _load(
             "if you trust the file, or drop pickle_module to load it weights-only"
         )
     extra = _unpickler.resolve_allowed((*_unpickler.DEFAULT_EXTRA_ALLOWED, *allow))
-    trust: Optional[_trust.ProjectTrust] = None
-    if trust_root is not None:
-        if not safe:
-            raise ValueError(
-                f"st.load({name}, trust_root=...) applies to weights-only loads; drop "
-                "weights_only=False to load the project's modules with the trust rule"
-            )
-        trust = _trust.ProjectTrust(trust_root)
     src: Any = f
     if _is_path(src):
         if os.path.isdir(src) or os.fsdecode(src).endswith(".index.json"):
@@ -647,17 +639,22 @@ def _load(
                 f"cannot load checkpoint {name}: it is not a PyTorch checkpoint (it starts "
                 f"with {head[:8]!r})"
             )
-    scan = facts.scan if facts is not None and facts.scan is not None else _unpickler.scan_file(src)
+    scan = facts.scan if facts is not None and facts.scan is not None else _scan.scan_file(src)
     if start is not None:
         src.seek(start)
-    unsafe = _unpickler.unsafe_globals(scan.globals, extra, trust)
+    unsafe = _unpickler.unsafe_globals(scan.globals, extra)
+    if (unsafe or scan.refused is not None) and weights_only is None:
+        loaded = _load_if_trusted(src, start, name, map_location, encoding)
+        if loaded is not _UNTRUSTED:
+            return loaded
     if unsafe:
-        raise UnsafeCheckpointError(_refusal_message(name, unsafe, trust), tuple(unsafe))
+        raise UnsafeCheckpointError(_refusal_message(name, unsafe), tuple(unsafe))
     if scan.refused is not None:
         raise UnsafeCheckpointError(
             f"refused to load {name}: it uses {scan.refused}, which weights-only loading "
-            "refuses; nothing from the file was executed. To load a fully trusted file: "
-            "weights_only=False."
+            "refuses; nothing from the file was executed. If you trust the file: "
+            f"`safetorch trust {_shown_path(name)}` once (or st.trust(path)), then load it "
+            "again."
         )
     if not scan.complete:
         raise CheckpointFormatError(
@@ -670,6 +667,8 @@ def _load(
         # only torch's list and the user's add_safe_globals, which torch's loader honours too
         and not _unpickler.unsafe_globals(scan.globals, {})
         and not set(scan.globals) & (set(extra) | _STRICTER_HERE | _WIDER_HERE)
+        # numpy's names (no object dtype by any path) and bytearray: ours is stricter
+        and not any(_unpickler.ours_is_stricter(n) for n in scan.globals)
     )
     records = facts.records if facts is not None else None
     if defer:
@@ -678,11 +677,111 @@ def _load(
         )
     return _wrap_failures(
         name,
-        lambda: _load_restricted(
-            src, map_location, use_mmap, extra, encoding, records, trust=trust
-        ),
-        trust,
+        lambda: _load_restricted(src, map_location, use_mmap, extra, encoding, records),
     )
+
+
+_UNTRUSTED = object()
+
+
+def _load_if_trusted(
+    src: Any, start: Optional[int], name: str, map_location: Any, encoding: str
+) -> Any:
+    """Load ``src`` fully if its bytes are trusted by provenance, else ``_UNTRUSTED``.
+
+    The bytes are read once into memory and hashed while they are read; those same bytes are
+    what torch unpickles (and, for a zip file on torch >= 2.1, what its tensors are views of,
+    as torch's own ``mmap=True`` load makes them of a mapped file), so a file changed after the
+    check is never what loads. A size no trusted file has costs one ``stat`` and reads nothing.
+    """
+    if _is_path(src):
+        with reader.open_regular(src, "checkpoint") as opened:
+            if not _provenance.may_hold(opened.size):
+                return _UNTRUSTED
+            if _mmap_supported and formats.sniff(opened.fh) == "zip":
+                memory = torch.empty(opened.size, dtype=torch.uint8)
+                view = memoryview(memory.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers
+                try:
+                    entry = _provenance.read_hashed_into(opened.fh, view)
+                except OSError as exc:
+                    raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
+                if _provenance.trusted(entry) is None:
+                    return _UNTRUSTED
+                return _trusted_load(
+                    name, entry, lambda: _load_full_in_memory(view, memory, map_location, encoding)
+                )
+            data, entry = _provenance.read_hashed(opened.fh)
+    else:
+        begin = src.tell() if start is None else start
+        end = src.seek(0, os.SEEK_END)
+        src.seek(begin)
+        if not _provenance.may_hold(end - begin):
+            return _UNTRUSTED
+        data, entry = _provenance.read_hashed(src)
+        src.seek(begin)
+    if _provenance.trusted(entry) is None:
+        return _UNTRUSTED
+    buffer = io.BytesIO(data)
+    result = _trusted_load(
+        name, entry, lambda: _load_full(buffer, map_location, None, False, encoding)
+    )
+    if not _is_path(src):
+        src.seek(begin + len(data))
+    return result
+
+
+def _trusted_load(name: str, entry: _provenance.Entry, run: Callable[[], Any]) -> Any:
+    how = _provenance.trusted(entry) or "the trust ledger"
+    logger.info("loading %s fully: its hash is in %s", name, how)
+    _provenance.note("loaded", how)
+    return _wrap_failures(name, run)
+
+
+class _MemoryFile:
+    """A read-only, seekable binary file over a byte view (what torch's zip reader reads the
+    directory and data.pkl from; the storages come from the same memory, uncopied)."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def read(self, n: Optional[int] = -1) -> bytes:
+        end = len(self._view) if n is None or n < 0 else min(len(self._view), self._pos + n)
+        out = bytes(self._view[self._pos : end])
+        self._pos = max(self._pos, end)
+        return out
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        b[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+
+def _load_full_in_memory(view: memoryview, memory: Any, map_location: Any, encoding: str) -> Any:
+    """A full unpickle of the zip checkpoint held in ``memory``; its storages are slices of it."""
+    with _torch_internals_quiet(), _compat.open_zipfile_reader(_MemoryFile(view)) as archive:
+        return _compat.zip_load(
+            archive,
+            map_location,
+            pickle,
+            encoding=encoding,
+            overall_storage=memory.untyped_storage(),
+        )
 
 
 def load_checked(f: IO[bytes], display: Optional[str] = None) -> Any:
@@ -708,16 +807,20 @@ _STRICTER_HERE = frozenset({"builtins.bytearray"})
 _WIDER_HERE = frozenset({"numpy.dtype"})
 
 
-def _wrap_failures(
-    name: str, run: Callable[[], Any], trust: Optional[_trust.ProjectTrust] = None
-) -> Any:
+def _wrap_failures(name: str, run: Callable[[], Any]) -> Any:
     """Run a load; every failure becomes a CheckpointError naming the file and the reason."""
     try:
         return run()
     except (SafetorchError, Warning):
         raise  # ours already, or a warning the caller turned into an error
     except _unpickler.RefusedGlobal as exc:
-        message = _refusal_message(name, [exc.name], trust)
+        message = _refusal_message(name, [exc.name])
+        if exc.reason:
+            message = message.replace(
+                " Nothing from the file was executed.",
+                f" ({exc.reason}) Nothing from the file was executed.",
+                1,
+            )
         raise UnsafeCheckpointError(message, (exc.name,)) from None
     except (_unpickler.RefusedOpcode, pickle.UnpicklingError) as exc:
         text = str(exc)
@@ -725,8 +828,9 @@ def _wrap_failures(
             # torch's message wraps its unpickler's reason after "WeightsUnpickler error:".
             reason = text.rsplit("WeightsUnpickler error:", 1)[-1].strip().splitlines()[0]
             raise UnsafeCheckpointError(
-                f"refused to load {name}: {reason}; nothing from the file was executed. To "
-                "load a fully trusted file: weights_only=False."
+                f"refused to load {name}: {reason}; nothing from the file was executed. If "
+                f"you trust the file: `safetorch trust {_shown_path(name)}` once (or "
+                "st.trust(path)), then load it again."
             ) from None
         raise CheckpointFormatError(
             f"cannot load checkpoint {name}: {_failure_reason(exc)} ({_first_line(exc)})"

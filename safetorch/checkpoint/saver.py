@@ -8,25 +8,32 @@ checkpoint a saver directory holds (``safetorch ckpt`` commands accept such a di
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
+import shutil
+import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from safetorch._atomic import atomic_write
+from safetorch.checkpoint import reader
 from safetorch.checkpoint.layouts import _STATE_FILE, _state_names, latest_complete
 from safetorch.checkpoint.loading import PathLike
 from safetorch.checkpoint.saving import _link_or_copy, _save_local, on_rank0
 from safetorch.checkpoint.state import load_state, save_state
-from safetorch.errors import CheckpointError
+from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
 
 __all__ = ["CheckpointSaver"]
 
 logger = logging.getLogger("safetorch")
+
+# The index is a few lines of JSON (mode, last, best, one entry per kept checkpoint): far
+# below these bounds. A larger or deeper one is not an index this saver wrote.
+MAX_INDEX_BYTES = 16 << 20
+MAX_INDEX_DEPTH = 16
 
 
 class CheckpointSaver:
@@ -107,23 +114,45 @@ class CheckpointSaver:
         self.index: Dict[str, Any] = on_rank0(self._read_index)
 
     def _read_index(self) -> Dict[str, Any]:
+        """The index, read through the checkpoint reader (inside the directory, a regular file,
+        size- and depth-bounded) and checked: every file it names resolves inside the
+        directory, and the ``save_state`` entries (which pruning deletes) carry the saver's own
+        names (``state-<epoch>.pt``). Anything else is one ``CheckpointError`` naming the index
+        and how to start afresh."""
         os.makedirs(self.directory, exist_ok=True)
+        root = reader.Root(self.directory)
+        name = os.path.relpath(self.index_path, self.directory)
+        real = ""
         try:
-            with open(self.index_path, encoding="utf-8") as fh:
-                index = json.load(fh)
-        except FileNotFoundError:
+            real = root.resolve(name, "CheckpointSaver index")
+            with reader.RegularFile(real, "CheckpointSaver index") as f:
+                data = f.read_all(MAX_INDEX_BYTES)
+            index = json.loads(data.decode("utf-8"))
+        except CheckpointFileNotFoundError:
             return {"mode": self.mode, "last": None, "best": None}
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(
-                f"cannot read the checkpoint index {self.index_path!r}: {exc}; delete it to "
-                "start a fresh index"
-            ) from None
+        except CheckpointError as exc:  # "CheckpointSaver index '<real>' is a FIFO ..."
+            text = str(exc).replace(f"CheckpointSaver index {real!r} ", "it ", 1)
+            raise self._bad_index(text) from None
+        except RecursionError:
+            raise self._bad_index(f"it nests deeper than {MAX_INDEX_DEPTH} levels") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise self._bad_index(f"it is not valid JSON ({exc})") from None
+        problem = _index_problem(index, root)
+        if problem:
+            raise self._bad_index(problem)
         if index.get("mode") != self.mode:
             raise ValueError(
                 f"{self.index_path!r} was written with mode={index.get('mode')!r}, "
                 f"not mode={self.mode!r}"
             )
-        return index
+        return dict(index)
+
+    def _bad_index(self, problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"cannot use the checkpoint index {self.index_path!r}: {problem}; it is not an index "
+            "CheckpointSaver wrote. Delete it (or move it away) to start a fresh index: the "
+            f"checkpoints in {self.directory!r} stay, and resume() finds them by name"
+        )
 
     def _write_index(self, index: Dict[str, Any]) -> None:
         text = json.dumps(index, indent=2, sort_keys=True)
@@ -266,7 +295,7 @@ class CheckpointSaver:
             self._write_index(index)  # the index first: it never names a deleted file
             for e in by_epoch:
                 if e["file"] not in keep:
-                    _remove(os.path.join(self.directory, e["file"]))
+                    _prune(self.directory, e["file"])
             return index, improved
 
         self.index, improved = on_rank0(update)
@@ -289,6 +318,8 @@ class CheckpointSaver:
 
         def find() -> Tuple[Optional[str], bool]:
             path = latest_complete(self.directory, _state_names(self.directory))
+            if path is not None:  # a state-<epoch>.pt symlink out of the directory: refused
+                path = reader.Root(self.directory).resolve(os.path.basename(path), "checkpoint")
             return path, path is None and self._holds() == "save"
 
         path, by_save = on_rank0(find)
@@ -317,11 +348,76 @@ class CheckpointSaver:
         return "save_state" if _state_names(self.directory) else None
 
 
-def _remove(path: str) -> None:
-    import shutil
+def _index_problem(index: Any, root: reader.Root) -> Optional[str]:
+    """What makes ``index`` not an index this saver wrote (``None`` when it is one)."""
+    if not isinstance(index, dict):
+        return f"it holds a JSON {type(index).__name__}, not an object"
+    stack: List[Tuple[Any, int]] = [(index, 1)]
+    while stack:  # iterative: a deep value is refused, never recursed into
+        value, depth = stack.pop()
+        if depth > MAX_INDEX_DEPTH:
+            return f"it nests deeper than {MAX_INDEX_DEPTH} levels"
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    states = index.get("states", [])
+    if not isinstance(states, list):
+        return "'states' is not a list"
+    named = [(k, index.get(k)) for k in ("last", "best") if index.get(k) is not None]
+    named += [("states", e) for e in states]
+    for field, entry in named:
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("file"), str)
+            and isinstance(entry.get("epoch"), int)
+            and not isinstance(entry.get("epoch"), bool)
+            and (entry.get("metric") is None or isinstance(entry["metric"], (int, float)))
+        ):
+            return f"its {field!r} entry {entry!r:.200} is not {{'epoch': int, 'metric': number, 'file': name}}"
+        if field == "states" and not _STATE_FILE.fullmatch(entry["file"]):
+            return (
+                f"its 'states' entry names {entry['file']!r:.200}, not a save_state file "
+                "(state-<epoch>.pt) of this saver"
+            )
+        try:
+            root.resolve(entry["file"], "file")
+        except CheckpointError as exc:
+            return str(exc).replace(f" in {root.path!r}", "", 1)
+    return None
 
-    if os.path.isdir(path):
+
+def _prune(directory: str, name: str) -> None:
+    """Delete the old ``save_state`` checkpoint ``name`` in ``directory``, only where it is
+    one this saver writes: a regular file, or a DCP directory (``.metadata`` and ``.distcp``
+    files, nothing else) named ``state-<epoch>.pt``. A symlink, or anything else there, is
+    left alone (never followed) with a log line."""
+    path = os.path.join(directory, name)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if _STATE_FILE.fullmatch(name) and stat.S_ISREG(st.st_mode):
+        os.unlink(path)
+        return
+    if _STATE_FILE.fullmatch(name) and stat.S_ISDIR(st.st_mode) and _is_dcp_dir(path):
         shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        return
+    logger.warning(
+        "CheckpointSaver: left %r in place: it is not a checkpoint this saver wrote (a "
+        "symlink, or not a state-<epoch>.pt file or DCP directory); delete it yourself if "
+        "it is no longer needed",
+        path,
+    )
+
+
+def _is_dcp_dir(path: str) -> bool:
+    """A DCP checkpoint directory as ``save_state`` writes it: regular files only (no
+    symlinks, no sub-directories), its ``.metadata`` and ``.distcp`` shards."""
+    with os.scandir(path) as entries:
+        names = []
+        for entry in entries:
+            if not entry.is_file(follow_symlinks=False):
+                return False
+            names.append(entry.name)
+    return ".metadata" in names and all(n == ".metadata" or n.endswith(".distcp") for n in names)

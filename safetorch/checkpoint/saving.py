@@ -1,17 +1,31 @@
-"""Saving: st.save_checkpoint (atomic, rank 0 only); CheckpointSaver builds on it (saver.py).
+"""Saving and trusting: st.save (torch.save that records provenance), st.save_checkpoint
+(atomic, rank 0 only; CheckpointSaver builds on it, saver.py) and st.trust (the user's word).
 
-torch's ``torch.save`` is captured at import (``_torch_save``).
+A file that a weights-only load would refuse (a whole model, numpy arrays, custom objects) gets
+its content hash recorded in the user's ledger (:mod:`safetorch.checkpoint._provenance`) while
+it is written; ``st.load`` then loads it fully. A state dict is written exactly as
+``torch.save`` writes it, with nothing hashed. torch's ``torch.save`` is captured at import
+(``_torch_save``).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import pickle
+import re
+import types
+import zipfile
 from typing import (
+    IO,
     Any,
     Callable,
+    Iterable,
     Mapping,
+    NamedTuple,
     Optional,
+    Tuple,
 )
 
 import torch
@@ -19,16 +33,296 @@ from torch import nn
 
 from safetorch import _dist
 from safetorch._atomic import atomic_write
+from safetorch.checkpoint import _provenance, _scan, _unpickler, formats, reader
 from safetorch.checkpoint.keys import is_state_dict, strip_wrapper_prefixes, unwrap_model
 from safetorch.checkpoint.loading import PathLike, _first_line, _torch_internals_quiet
+from safetorch.checkpoint.verify import zip_layout_problem
 from safetorch.errors import (
     CheckpointError,
 )
 
-__all__ = ["save_checkpoint", "on_rank0"]
+__all__ = ["save", "save_checkpoint", "trust", "untrust", "Trusted", "on_rank0"]
 
 logger = logging.getLogger("safetorch")
 _torch_save = torch.save
+_DEFAULT_PROTOCOL = 2  # torch.serialization.DEFAULT_PROTOCOL, every torch since 0.4
+
+
+# --- provenance: what a weights-only load would refuse is recorded ---------------------------
+# Protocol 2 and 3 pickles (torch.save's default is 2) name every global with GLOBAL:
+# ``c<module>\n<name>\n``. A match that is no global (bytes inside a key) only sends the pickle
+# to the exact scanner, which decides alone for other protocols.
+_GLOBAL = re.compile(rb"c([^\n]{1,256})\n([^\n]{1,256})\n")
+_EXTRA = _unpickler.resolve_allowed(_unpickler.DEFAULT_EXTRA_ALLOWED)
+
+
+def needs_trust(data: bytes) -> bool:
+    """Whether a weights-only load refuses the pickle ``data`` (the test st.save records by).
+
+    >>> import pickle, collections
+    >>> needs_trust(pickle.dumps(collections.OrderedDict(a=1), protocol=2))
+    False
+    >>> needs_trust(pickle.dumps(NamedTuple, protocol=2))
+    True
+    """
+    if data[:2] in (b"\x80\x02", b"\x80\x03"):
+        names = sorted(
+            {
+                _unpickler._normalize(m.decode("utf-8", "replace"), n.decode("utf-8", "replace"))
+                for m, n in _GLOBAL.findall(data)
+            }
+        )
+        if not _unpickler.unsafe_globals(names, _EXTRA):
+            return False
+    result = _scan.ScanResult()
+    complete = _scan.scan_pickle(io.BytesIO(data), result)
+    return (
+        not complete
+        or result.refused is not None
+        or bool(_unpickler.unsafe_globals(result.globals, _EXTRA))
+    )
+
+
+def _deciding_module(writer: _provenance.HashingWriter) -> Any:
+    """``pickle`` with a Pickler that starts ``writer``'s hash once the object pickle it just
+    wrote needs trust (torch.save writes data.pkl's bytes only after pickling them)."""
+
+    class Pickler(pickle.Pickler):
+        def __init__(self, file: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(file, *args, **kwargs)
+            self._safetorch_file = file
+
+        def dump(self, obj: Any) -> None:
+            super().dump(obj)
+            file = self._safetorch_file
+            if isinstance(file, io.BytesIO) and not writer.hashing:
+                if needs_trust(file.getvalue()):
+                    writer.start()
+
+    module = types.ModuleType("pickle")
+    module.__dict__.update(vars(pickle))
+    module.Pickler = Pickler  # type: ignore[attr-defined]  # a synthetic pickle module
+    return module
+
+
+def save(
+    obj: Any,
+    f: Any,
+    pickle_module: Any = pickle,
+    pickle_protocol: int = _DEFAULT_PROTOCOL,
+    **kwargs: Any,
+) -> None:
+    """``torch.save``, and a file a weights-only load would refuse is trusted by provenance.
+
+    Same arguments as ``torch.save``, and the archive ``torch.save`` writes to a file object.
+    When the pickle holds something
+    ``st.load``'s weights-only policy refuses (a whole ``nn.Module``, numpy arrays, custom
+    objects), the SHA-256 of the bytes written is computed while they are written and recorded
+    in the user's ledger (no path, only size and hash), so a later ``st.load`` of the same
+    bytes loads them fully, as ``torch.load(weights_only=False)`` would. A state dict is
+    written as ``torch.save`` writes it, nothing hashed. Under ``st.patch()`` / ``safetorch
+    run``, ``torch.save`` is this function. A custom ``pickle_module`` (``dill``) goes to
+    torch untouched and is not recorded. The legacy format
+    (``_use_new_zipfile_serialization=False``) is always hashed.
+
+    Args:
+        obj: what to save.
+        f: a path or a binary file object (the hash recorded is that of the bytes written to
+            it; a file holding other bytes too will not match it).
+        pickle_module, pickle_protocol, kwargs: as ``torch.save``.
+
+    >>> import os, tempfile, torch, safetorch as st
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.pt")
+    >>> st.save(torch.nn.Linear(2, 2), path)   # a whole model: its hash is recorded
+    >>> type(st.load(path)).__name__           # loaded fully: safetorch wrote it
+    'Linear'
+    """
+    if pickle_module is not pickle:
+        with _torch_internals_quiet():
+            _torch_save(obj, f, pickle_module, pickle_protocol, **kwargs)
+        return
+    if formats.is_path(f):
+        try:
+            fh = open(f, "wb")  # noqa: SIM115 - closed below
+        except OSError:
+            # torch's own error for this path (a RuntimeError for a missing directory)
+            _torch_save(obj, f, pickle_module, pickle_protocol, **kwargs)
+            fh = open(f, "wb")  # noqa: SIM115 - it could write it after all: write it again
+        with fh:
+            entry = _save_through(obj, fh, pickle_protocol, kwargs)
+    else:
+        entry = _save_through(obj, f, pickle_protocol, kwargs)
+    if entry is not None:
+        _provenance.record(entry)
+
+
+def _save_through(
+    obj: Any, fh: IO[bytes], protocol: int, kwargs: Mapping[str, Any]
+) -> Optional[_provenance.Entry]:
+    seekable = getattr(fh, "seekable", None)
+    begin = fh.tell() if callable(seekable) and seekable() else None
+    writer = _provenance.HashingWriter(fh)
+    if not kwargs.get("_use_new_zipfile_serialization", True):
+        writer.start()  # the legacy format pickles straight into the file
+    with _torch_internals_quiet():
+        _torch_save(obj, writer, _deciding_module(writer), protocol, **kwargs)  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts
+    if writer.late and begin is not None:
+        # Bytes went out before the pickle was known to need trust (no torch does this
+        # today): write it again, hashed from the first byte.
+        fh.seek(begin)
+        fh.truncate()
+        writer = _provenance.HashingWriter(fh)
+        writer.start()
+        with _torch_internals_quiet():
+            _torch_save(obj, writer, _deciding_module(writer), protocol, **kwargs)  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts
+    return writer.entry()  # None for what loads weights-only: nothing was hashed
+
+
+class Trusted(NamedTuple):
+    """What :func:`trust` recorded: the file, its size and SHA-256, and the globals its pickle
+    imports (what a full load of it may run).
+
+    >>> import os, tempfile, torch, safetorch as st
+    >>> path = os.path.join(tempfile.mkdtemp(), "arr.pt")
+    >>> torch.save({"w": torch.ones(1)}, path)
+    >>> t = st.trust(path)
+    >>> t.size == os.path.getsize(path), len(t.sha256), "torch._utils._rebuild_tensor_v2" in t.globals
+    (True, 64, True)
+    """
+
+    path: str
+    size: int
+    sha256: str
+    globals: Tuple[str, ...]
+
+
+_SHOWN = 1 << 16  # globals st.trust lists (each a distinct name the pickle imports)
+
+
+class Inspected(NamedTuple):
+    """What a full load of a file would import, from the bytes that were hashed."""
+
+    entry: _provenance.Entry
+    globals: Tuple[str, ...]
+    more: int  # globals past those listed (the scan lists at most 65,536)
+    incomplete: Optional[str]  # why the list may miss globals (the scan stopped), else None
+
+
+def inspect_for_trust(path: PathLike) -> Inspected:
+    """Read ``path`` once (a regular file): its entry and the globals its pickle names, scanned
+    from the same bytes. A zip archive that torch's reader and Python's ``zipfile`` could read
+    as different records (two central directories, duplicate members, ...) is refused: the
+    globals shown must be those of the ``data.pkl`` torch unpickles.
+
+    Raises:
+        CheckpointError: the file is missing, not a regular file, or an ambiguous or damaged
+            zip archive.
+    """
+    shown = os.fspath(path)
+    with reader.open_regular(path, "checkpoint") as opened:
+        data, entry = _provenance.read_hashed(opened.fh)
+    buffer = io.BytesIO(data)
+    kind = formats.sniff(buffer, formats.read_head(buffer))
+    if kind == "safetensors":
+        return Inspected(entry, (), 0, None)
+    if kind == "zip":
+        problem = zip_layout_problem(buffer, len(data))
+        if problem is not None:
+            raise CheckpointError(
+                f"cannot trust {shown!r}: {problem}; torch could unpickle another record than "
+                "the one shown, so it is not trusted"
+            )
+        buffer.seek(0)
+        try:
+            with zipfile.ZipFile(buffer) as archive:
+                scan = _scan.scan_archive(archive, cap=_SHOWN)
+        except Exception as exc:  # BadZipFile, OSError, ...
+            raise CheckpointError(
+                f"cannot trust {shown!r}: the zip archive is damaged ({exc})"
+            ) from None
+    else:
+        scan = _scan.scan_file(buffer, cap=_SHOWN)
+    incomplete = None
+    if scan.refused is not None or not scan.complete:
+        incomplete = scan.refused or scan.stopped or "the pickle could not be read to its end"
+    return Inspected(entry, tuple(scan.globals), scan.more, incomplete)
+
+
+def trust(path: PathLike) -> Trusted:
+    """Trust the checkpoint at ``path`` as it is now: record its hash in the user's ledger.
+
+    ``st.load`` then loads these bytes fully (a whole-model pickle, numpy arrays, custom
+    objects), as ``torch.load(weights_only=False)`` would; a changed file is untrusted again.
+    This is the user's word, for files safetorch did not write (a legacy script's old
+    ``model.pkl``): calling it runs nothing from the file. ``safetorch trust FILE`` is the same
+    after showing the globals and asking.
+
+    Returns:
+        :class:`Trusted` with the globals the file's pickle imports (look at them first).
+
+    Raises:
+        CheckpointError: ``path`` is missing, not a regular file or not a checkpoint.
+
+    >>> import os, tempfile, torch, safetorch as st
+    >>> path = os.path.join(tempfile.mkdtemp(), "old.pkl")
+    >>> torch.save(torch.nn.Linear(2, 2), path)   # written by plain torch: not trusted
+    >>> st.trust(path).globals[:1]
+    ('torch.nn.modules.linear.Linear',)
+    >>> type(st.load(path)).__name__
+    'Linear'
+    """
+    seen = inspect_for_trust(path)
+    record_inspected(path, seen.entry)
+    return Trusted(
+        os.path.abspath(os.fspath(path)), seen.entry.size, seen.entry.sha256, seen.globals
+    )
+
+
+def record_inspected(path: PathLike, entry: _provenance.Entry) -> None:
+    """Record ``entry`` (what :func:`inspect_for_trust` read from ``path``) as trusted: the
+    bytes the user was shown, never a second read of the path.
+
+    Raises:
+        CheckpointError: the ledger cannot be written.
+    """
+    if not _provenance.record(entry):
+        raise CheckpointError(
+            f"cannot trust {os.fspath(path)!r}: the trust ledger {_provenance.state_dir()!r} "
+            "cannot be written (see the warning); fix its permissions and run it again"
+        )
+
+
+def trust_for_run(paths: Iterable[PathLike]) -> None:
+    """Trust the checkpoint files ``paths``, as they are now, for this process and its children
+    (``SAFETORCH_TRUST``: size and hash of each, never a path); nothing is written down.
+
+    Raises:
+        CheckpointError: a file is missing or not a regular file (nothing is trusted then).
+    """
+    tokens = [t for t in os.environ.get(_provenance.RUN_ENV, "").split(",") if t]
+    for path in paths:
+        with reader.open_regular(path, "checkpoint") as opened:
+            tokens.append(_provenance.hash_file(opened.fh).token())
+    os.environ[_provenance.RUN_ENV] = ",".join(dict.fromkeys(tokens))
+
+
+noting = _provenance.noting  # what the patched torch.load / torch.save report
+
+
+def untrust(path: PathLike) -> bool:
+    """Remove the trust :func:`trust` or a safetorch save gave the file at ``path`` (as it is
+    now); True if it was trusted.
+
+    >>> import os, tempfile, torch, safetorch as st
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.pt")
+    >>> st.save(torch.nn.Linear(2, 2), path)
+    >>> st.untrust(path), st.untrust(path)
+    (True, False)
+    """
+    with reader.open_regular(path, "checkpoint") as opened:
+        entry = _provenance.hash_file(opened.fh)
+    return _provenance.forget(entry)
+
 
 # --- saving -----------------------------------------------------------------------------------
 # atomic_write (safetorch/_atomic.py): temp file in the same directory, fsync, os.replace,
@@ -106,8 +400,7 @@ def _save_local(obj: Any, path: PathLike, unwrap: bool) -> str:
     payload = _unwrapped(obj) if unwrap else obj
 
     def write(tmp: str) -> None:
-        with _torch_internals_quiet():
-            _torch_save(payload, tmp)
+        save(payload, tmp)
 
     return atomic_write(path, write)
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from safetorch.checkpoint import _unpickler, reader
+from safetorch.checkpoint import _scan, _unpickler, reader
 from safetorch.errors import CheckpointError
 
 __all__: List[str] = []  # private: used by safetorch.checkpoint.model_state
@@ -181,7 +181,7 @@ def _record_offsets(f: reader.RegularFile) -> Tuple[str, Dict[str, Tuple[int, in
     except Exception as exc:  # BadZipFile, OverflowError, ...: st.load says what is wrong
         raise _Fallback(f"zip directory: {exc}") from None
     names = [i.filename for i in infos]
-    prefix = _unpickler.zip_record_prefix(names)
+    prefix = _scan.zip_record_prefix(names)
     if f"{prefix}/data.pkl" not in names or f"{prefix}/constants.pkl" in names:
         raise _Fallback("not a torch.save zip")
     records: Dict[str, Tuple[int, int]] = {}

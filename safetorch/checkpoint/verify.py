@@ -10,6 +10,13 @@ covering the data section exactly, each ``numel * itemsize`` bytes). safetensors
 checksum, so its tensor bytes cannot be checked. :func:`verify_checkpoint` does the same for
 every weights file of a directory or a shard index.
 
+A zip's layout is checked first, so that ``zipfile`` (which verifies) and torch's reader (miniz,
+which loads) see the same records: one end-of-central-directory record, its zip64 locator
+pointing where ``zipfile`` looks, the central directory exactly where the end record says (no
+prepended or inserted data: miniz does not allow for it, ``zipfile`` silently does), as many
+entries as it counts, no two entries of one name, no two entries' bytes overlapping each other
+or the central directory (:func:`zip_layout_problem`).
+
 Files are opened through the checkpoint reader: regular files only, without blocking (a FIFO is
 refused at once), names from an index resolved inside its directory.
 
@@ -21,14 +28,15 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import struct
 import zipfile
 import zlib
-from typing import IO, Any, Dict, List, Optional, Tuple, cast
+from typing import IO, Any, Dict, Iterator, List, Optional, Tuple, cast
 
 from safetorch.checkpoint import dcp, formats, reader
 from safetorch.errors import CheckpointError, CheckpointFileObjectError
 
-__all__ = ["VerifyReport", "verify_file", "verify_checkpoint", "check_file"]
+__all__ = ["VerifyReport", "verify_file", "verify_checkpoint", "check_file", "zip_layout_problem"]
 
 CHUNK = 1 << 20  # bytes read per call while streaming a record
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".distcp")
@@ -225,6 +233,13 @@ def _verify_open(fh: IO[bytes], path: str, size: int, span: Any, by_name: bool) 
 
 
 def _verify_zip(fh: IO[bytes], size: int, report: VerifyReport) -> None:
+    layout = zip_layout_problem(fh, size)
+    if layout is not None:
+        report.problems.append(
+            f"its zip structure is ambiguous or broken: {layout}; torch's reader and Python's "
+            "zipfile could load different records from it (a corrupt or crafted file)"
+        )
+        return
     fh.seek(0)
     try:
         archive = zipfile.ZipFile(fh)
@@ -247,6 +262,187 @@ def _verify_zip(fh: IO[bytes], size: int, report: VerifyReport) -> None:
                 report.problems.append(f"record {info.filename!r} {problem}")
         if not archive.infolist():
             report.problems.append("the zip archive holds no records")
+
+
+# --- zip layout: the records torch's reader (miniz) finds are the ones zipfile checks -----------
+_EOCD, _EOCD_SIZE = b"PK\x05\x06", 22
+_Z64_LOCATOR, _Z64_LOCATOR_SIZE = b"PK\x06\x07", 20
+_Z64_EOCD, _Z64_EOCD_SIZE = b"PK\x06\x06", 56
+_CDIR, _CDIR_SIZE = b"PK\x01\x02", 46
+_LOCAL, _LOCAL_SIZE = b"PK\x03\x04", 30
+_TAIL = _EOCD_SIZE + 0xFFFF  # where readers search for the end record (a maximal comment)
+
+
+class _Ambiguous(Exception):
+    """A zip layout two readers may read differently (the message says how)."""
+
+
+def _at(fh: IO[bytes], size: int, offset: int, n: int, what: str) -> bytes:
+    if offset < 0 or offset + n > size:
+        raise _Ambiguous(
+            f"{what} at byte {offset} lies outside the file ({size} bytes): the file is "
+            "truncated or corrupt"
+        )
+    fh.seek(offset)
+    data = fh.read(n)
+    if len(data) != n:
+        raise _Ambiguous(f"{what} at byte {offset} is cut short")
+    return data
+
+
+def _z64_field(extra: bytes, wanted: List[bool], what: str) -> List[int]:
+    """The zip64 extended-information values (``0x0001`` extra field) of the fields marked in
+    ``wanted`` (uncompressed size, compressed size, local header offset), in order."""
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, n = struct.unpack_from("<HH", extra, pos)
+        if tag == 1:
+            need = 8 * sum(wanted)
+            if n < need:
+                raise _Ambiguous(f"{what}: its zip64 extra field is too short")
+            return list(struct.unpack_from(f"<{sum(wanted)}Q", extra, pos + 4))
+        pos += 4 + n
+    raise _Ambiguous(f"{what}: a 0xFFFFFFFF size or offset without its zip64 extra field")
+
+
+def zip_layout_problem(fh: IO[bytes], size: int) -> Optional[str]:
+    """Why the zip archive in ``fh`` (``size`` bytes) could be read as different records by
+    torch's reader (miniz) and Python's ``zipfile``, or ``None`` when its layout is unambiguous.
+
+    Refused: more than one end-of-central-directory signature where readers search for it (the
+    last 64 KiB, outside record data) or bytes after it; a zip64 locator that does not point at
+    the zip64 record just before it, or zip64 values the 32-bit record contradicts; a central
+    directory that is not where the end record says (data prepended or inserted: ``zipfile``
+    shifts every offset by the difference, miniz does not); an entry count the directory does
+    not hold; two entries of one name; entries whose bytes (local header to data end) overlap
+    each other or the central directory, or data before the first entry.
+
+    >>> import io, torch
+    >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf)
+    >>> zip_layout_problem(buf, len(buf.getvalue())) is None
+    True
+    >>> data = b"junk" + buf.getvalue()
+    >>> zip_layout_problem(io.BytesIO(data), len(data))  # doctest: +ELLIPSIS
+    'the zip64 locator points at byte ..., not at the zip64 record just before it (byte ...'
+    """
+    try:
+        _check_zip_layout(fh, size)
+    except _Ambiguous as exc:
+        return str(exc)
+    return None
+
+
+def _check_zip_layout(fh: IO[bytes], size: int) -> None:
+    start = max(0, size - _TAIL)
+    tail = _at(fh, size, start, size - start, "the archive's end")
+    eocd = tail.rfind(_EOCD, 0, max(0, len(tail) - _EOCD_SIZE + 4))  # miniz's pick: the last
+    if eocd < 0:
+        return  # no archive at all: zipfile reports it (truncated or not a zip)
+    eocd_at = start + eocd
+    (_, disk, cd_disk, n_disk, n, cd_size, cd_at, comment) = struct.unpack_from(
+        "<4sHHHHIIH", tail, eocd
+    )
+    if eocd_at + _EOCD_SIZE + comment != size:
+        raise _Ambiguous(
+            f"the end record at byte {eocd_at} declares a {comment}-byte comment, but "
+            f"{size - eocd_at - _EOCD_SIZE} bytes follow it"
+        )
+    if disk or cd_disk or n_disk != n:
+        raise _Ambiguous("the end record describes a multi-disk archive")
+    cd_end = eocd_at  # where the central directory must end
+    if eocd_at >= _Z64_LOCATOR_SIZE and _at(fh, size, eocd_at - 20, 4, "") == _Z64_LOCATOR:
+        _, z_disk, z_at, z_disks = struct.unpack(
+            "<4sIQI", _at(fh, size, eocd_at - 20, 20, "the zip64 locator")
+        )
+        expected = eocd_at - _Z64_LOCATOR_SIZE - _Z64_EOCD_SIZE
+        if z_at != expected or z_disk or z_disks > 1:
+            raise _Ambiguous(
+                f"the zip64 locator points at byte {z_at}, not at the zip64 record just "
+                f"before it (byte {expected}): data was prepended or inserted, and readers "
+                "would use different zip64 records"
+            )
+        record = _at(fh, size, z_at, _Z64_EOCD_SIZE, "the zip64 end record")
+        fields = struct.unpack("<4sQHHIIQQQQ", record)
+        (sig, rest, _, _, z_disk, z_cd_disk, z_n_disk, z_n, z_cd_size, z_cd_at) = fields
+        if sig != _Z64_EOCD or rest != _Z64_EOCD_SIZE - 12 or z_disk or z_cd_disk:
+            raise _Ambiguous(f"the zip64 end record at byte {z_at} is malformed")
+        for label, small, big, full in (
+            ("entry count", n, z_n, 0xFFFF),
+            ("entry count", n_disk, z_n_disk, 0xFFFF),
+            ("directory size", cd_size, z_cd_size, 0xFFFFFFFF),
+            ("directory offset", cd_at, z_cd_at, 0xFFFFFFFF),
+        ):
+            if small not in (big, full):
+                raise _Ambiguous(
+                    f"the end record's {label} ({small}) contradicts its zip64 record's ({big})"
+                )
+        n, cd_size, cd_at, cd_end = z_n, z_cd_size, z_cd_at, z_at
+    if cd_at + cd_size != cd_end:
+        raise _Ambiguous(
+            f"the central directory is not where the end record says (it ends at byte "
+            f"{cd_at + cd_size}, the end records start at byte {cd_end}): data was prepended "
+            "or inserted, which zipfile allows for and torch's reader does not"
+        )
+    directory = _at(fh, size, cd_at, cd_size, "the central directory")
+    pos, names, spans = 0, set(), []
+    for i in range(n):
+        if directory[pos : pos + 4] != _CDIR or pos + _CDIR_SIZE > cd_size:
+            raise _Ambiguous(f"the end record counts {n} entries, the central directory holds {i}")
+        entry = struct.unpack_from("<4sHHHHHHIIIHHHHHII", directory, pos)
+        flags, csize, usize, nlen, xlen, clen, off = (entry[k] for k in (3, 8, 9, 10, 11, 12, 16))
+        raw = directory[pos + _CDIR_SIZE : pos + _CDIR_SIZE + nlen]
+        name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        extra = directory[pos + _CDIR_SIZE + nlen : pos + _CDIR_SIZE + nlen + xlen]
+        wanted = [usize == 0xFFFFFFFF, csize == 0xFFFFFFFF, off == 0xFFFFFFFF]
+        if any(wanted):
+            values = iter(_z64_field(extra, wanted, f"entry {name!r}"))
+            usize, csize, off = (
+                next(values) if w else v for w, v in zip(wanted, (usize, csize, off))
+            )
+        pos += _CDIR_SIZE + nlen + xlen + clen
+        if pos > cd_size:
+            raise _Ambiguous(f"entry {name!r} runs past the central directory")
+        if name in names:
+            raise _Ambiguous(f"two entries are named {name!r} (readers pick different ones)")
+        names.add(name)
+        local = _at(fh, size, off, _LOCAL_SIZE, f"the local header of {name!r}")
+        if local[:4] != _LOCAL:
+            raise _Ambiguous(f"entry {name!r} points at byte {off}, where no local header is")
+        (lflags,), (lnlen, lxlen) = (
+            struct.unpack_from("<H", local, 6),
+            struct.unpack_from("<HH", local, 26),
+        )
+        end = off + _LOCAL_SIZE + lnlen + lxlen + csize + (12 if lflags & 0x8 else 0)
+        spans.append((off, end, name))
+    if pos != cd_size:
+        raise _Ambiguous(
+            f"the central directory holds {cd_size - pos} bytes after its {n} entries "
+            "(more entries than the end record counts)"
+        )
+    spans.sort()
+    if spans and spans[0][0] != 0:
+        raise _Ambiguous(f"{spans[0][0]} bytes before the first entry's local header")
+    for (_, end, name), (begin, _, after) in zip(spans, spans[1:]):
+        if begin < end:
+            raise _Ambiguous(f"entries {name!r} and {after!r} overlap")
+    if spans and spans[-1][1] > cd_at:
+        raise _Ambiguous(f"entry {spans[-1][2]!r} overlaps the central directory")
+    # One end record: no other signature where readers search, outside the records' data.
+    data = [(b + _LOCAL_SIZE, e) for b, e, _ in spans]
+    for found in _all(tail, _EOCD):
+        at = start + found
+        if at != eocd_at and not any(b <= at and at + 4 <= e for b, e in data):
+            raise _Ambiguous(
+                f"a second end-of-central-directory signature at byte {at} (besides byte "
+                f"{eocd_at}): readers may pick different ones"
+            )
+
+
+def _all(data: bytes, needle: bytes) -> Iterator[int]:
+    at = data.find(needle)
+    while at >= 0:
+        yield at
+        at = data.find(needle, at + 1)
 
 
 def _check_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Optional[str]:

@@ -1,17 +1,15 @@
-"""What patched loads allow: ``safetorch run --allow`` / ``SAFETORCH_ALLOW`` globals, and the
-project trust root ``SAFETORCH_TRUST_ROOT`` (``safetorch run`` sets it to the script's
-directory)."""
+"""What patched loads allow: ``safetorch run --allow`` / ``SAFETORCH_ALLOW`` globals (data
+classes only: the allow-list never admits a callable that can run code)."""
 
 from __future__ import annotations
 
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
 
 ALLOW_ENV = "SAFETORCH_ALLOW"
-TRUST_ENV = "SAFETORCH_TRUST_ROOT"
 
 
 def allowed_globals() -> Tuple[str, ...]:
@@ -27,21 +25,6 @@ def allowed_globals() -> Tuple[str, ...]:
     """
     raw = os.environ.get(ALLOW_ENV, "")
     return tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
-
-
-def trust_root() -> Optional[str]:
-    """The directory whose whole-model pickles patched loads rebuild (``st.load(trust_root=)``).
-
-    ``safetorch run SCRIPT`` sets ``SAFETORCH_TRUST_ROOT`` to the script's real directory
-    (``-m``: the working directory) unless it is already set; child processes inherit it. Set
-    it yourself to widen the root (``SAFETORCH_TRUST_ROOT=$PWD``, the repository), or to an
-    empty value to switch the rule off.
-
-    Returns:
-        The directory, or None when the variable is unset, empty or not a directory.
-    """
-    raw = os.environ.get(TRUST_ENV, "")
-    return raw if raw and os.path.isdir(raw) else None
 
 
 _GLOBAL_NAME = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$")

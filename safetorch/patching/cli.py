@@ -50,6 +50,11 @@ def _run(args: argparse.Namespace) -> int:
         allow = parse_allow_list(args.allow or [])
     except ValueError as exc:
         return _fail("run", str(exc))
+    if args.trust:
+        try:
+            runner.trust_for_run(args.trust)
+        except Exception as exc:  # CheckpointError (a missing file, not a regular file), ...
+            return _fail("run", f"--trust: {exc}")
     problem = runner.check_target(argv[0], module=args.module)
     if problem is not None:
         message, status = problem

@@ -15,10 +15,14 @@
   a callable that sees every storage's location).
 * Globals named with ``safetorch run --allow`` / ``SAFETORCH_ALLOW`` are allowed for these
   loads (``allow.allowed_globals()``); torch's ``add_safe_globals`` registrations too.
-* Under ``safetorch run`` (``SAFETORCH_TRUST_ROOT``, see ``allow.trust_root``) the project
-  trust rule is on: whole-model pickles of the script's own ``nn.Module`` classes (plus
-  ``torch.nn``'s and numpy arrays) load, as ``st.load(trust_root=...)``; each load it
-  admitted something for is a report line naming what.
+* ``weights_only`` unset: a file trusted by provenance (its hash is in the user's ledger:
+  safetorch wrote it, or ``safetorch trust FILE``; or ``safetorch run --trust FILE``) loads
+  fully, as st.load loads it; each such load is a report line. An explicit
+  ``weights_only=True`` stays weights-only.
+* ``torch.save`` is ``st.save``: the same archive, and a file a weights-only load would refuse
+  (a whole model, numpy arrays) has its hash recorded as it is written, so the program's own
+  ``torch.save(model, path)`` ... ``torch.load(path)`` runs unedited. Each save that recorded a
+  hash is a report line.
 * Tensors are read into memory unless the caller passes ``mmap=True`` (as torch): a later
   ``torch.save`` over the same path never changes what an earlier ``torch.load`` returned.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pickle
 import warnings
 from typing import Any, Dict, Optional, Tuple
@@ -36,7 +41,7 @@ import torch
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning, UnsafeCheckpointError
-from safetorch.patching.allow import TRUST_ENV, allowed_globals, trust_root
+from safetorch.patching.allow import allowed_globals
 from safetorch.patching.registry import Patch, Target, declare
 from safetorch.patching.report import record
 from safetorch.patching.routing import route
@@ -48,7 +53,8 @@ _SIGNATURE = inspect.signature(torch.load)
 _checkpoint = importlib.import_module("safetorch.checkpoint")
 _cuda_available = torch.cuda.is_available
 _MapToAvailable = _checkpoint.MapToAvailable
-_trust = importlib.import_module("safetorch.checkpoint._trust")
+_saving = importlib.import_module("safetorch.checkpoint.saving")
+_SAVE_SIGNATURE = inspect.signature(torch.save)
 
 
 _DEFAULT_NOTE: Optional[str] = None
@@ -64,6 +70,9 @@ def _bind() -> None:
         else "weights_only=True (this torch defaults to False)"
     )
 
+
+# torch.serialization's true values for TORCH_FORCE_WEIGHTS_ONLY_LOAD (torch >= 2.4).
+_TRUE = ("1", "y", "yes", "true")
 
 # The first words of torch.load's weights-only refusal (torch 2.x), which callers match on.
 _TORCH_REFUSAL = "Weights only load failed."
@@ -100,10 +109,10 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
         )
         return wrapped(*args, **kwargs)
 
-    if weights_only is None:
-        weights_only = True
-        if _DEFAULT_NOTE is not None:
-            record(_NAME, _DEFAULT_NOTE, "a full unpickle can run arbitrary code")
+    if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE:
+        weights_only = True  # torch's own switch: weights-only, whatever the call or the ledger
+    if weights_only is None and _DEFAULT_NOTE is not None:
+        record(_NAME, _DEFAULT_NOTE, "a full unpickle can run arbitrary code")
     to_cpu = None
     if map_location is None and not _cuda_available():
         # st.load(map_location="available"), keeping the count for the report.
@@ -116,17 +125,15 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
     else:
         encoding = extra.pop("encoding", "utf-8")
         record(_NAME, "torch.load -> st.load", "weights_only, clear errors")
-        root = trust_root()
-        with _trust.recording() as trusted:
+        with _saving.noting() as seen:
             try:
                 result = _checkpoint.load(
                     f,
                     map_location,
-                    weights_only=True,
+                    weights_only=weights_only,
                     mmap=mmap,
                     encoding=encoding,
                     allow=allowed_globals(),
-                    trust_root=root,
                 )
             except UnsafeCheckpointError as exc:
                 # torch's own words first, as torch.load(weights_only=True) raises it (code
@@ -134,15 +141,9 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
                 if exc.args and not str(exc.args[0]).startswith(_TORCH_REFUSAL):
                     exc.args = (f"{_TORCH_REFUSAL} {exc.args[0]}", *exc.args[1:])
                 raise
-        if trusted:
-            shown = ", ".join(trusted[:6]) + (
-                f" and {len(trusted) - 6} more" if len(trusted) > 6 else ""
-            )
-            record(
-                _NAME,
-                f"whole-model pickle loaded by the project trust rule ({TRUST_ENV}={root})",
-                f"admitted {shown}",
-            )
+        for event, how in seen:
+            if event == "loaded":
+                record(_NAME, "file trusted by provenance loaded fully", f"its hash is in {how}")
     if to_cpu is not None and to_cpu.mapped:
         record(
             _NAME,
@@ -152,8 +153,27 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
     return result
 
 
+def _save(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    try:
+        bound = _SAVE_SIGNATURE.bind(*args, **kwargs)
+    except TypeError:
+        return wrapped(*args, **kwargs)  # torch's own error for a bad call
+    a = dict(bound.arguments)
+    obj, f = a.pop("obj"), a.pop("f")
+    with _saving.noting() as seen:
+        _saving.save(obj, f, **a)
+    if any(event == "recorded" for event, _ in seen):
+        record(
+            _NAME,
+            "torch.save -> st.save: a file weights-only loads refuse, recorded as trusted",
+            "its hash is in the trust ledger: torch.load of it loads fully",
+        )
+    return None
+
+
 # One call, however many changes it records (the weights_only default, CUDA storages mapped).
 _torch_load = route(_NAME, _load, counted=True)
+_torch_save = route(_NAME, _save, counted=True)
 
 PATCH = declare(
     Patch(
@@ -161,6 +181,8 @@ PATCH = declare(
         targets=(
             Target("torch", "load", _torch_load),
             Target("torch.serialization", "load", _torch_load),
+            Target("torch", "save", _torch_save),
+            Target("torch.serialization", "save", _torch_save),
         ),
     )
 )

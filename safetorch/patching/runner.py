@@ -26,10 +26,10 @@ What "exactly" covers, and how:
   (``safetorch install-hook``). Calls in child processes are not in the report.
 * The report goes to stderr from an ``atexit`` handler registered before the program runs,
   so it comes after the program's own atexit handlers and after non-daemon threads end.
-* The project trust rule is on for the program's ``torch.load`` calls: ``SAFETORCH_TRUST_ROOT``
-  is set to the script's real directory (a directory target: itself; ``-m``: the working
-  directory, ``sys.path[0]``) unless already set, so whole-model pickles of the program's own
-  ``nn.Module`` classes load (see ``safetorch/checkpoint/_trust.py`` for the boundary).
+* Trust by provenance: the patched ``torch.save`` records the hash of each file a
+  weights-only load would refuse (a whole model, numpy arrays), so the program's own
+  ``torch.save(model, p)`` ... ``torch.load(p)`` loads; ``--trust FILE`` trusts a file from
+  elsewhere for this run only (its hash in ``SAFETORCH_TRUST``, which children inherit).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 import wrapt
 
 from safetorch.patching import registry
-from safetorch.patching.allow import ALLOW_ENV, TRUST_ENV, allowed_globals
+from safetorch.patching.allow import ALLOW_ENV, allowed_globals
 from safetorch.patching.report import ReportEntry, call_count, reset_counts
 
 __all__: List[str] = []
@@ -258,34 +258,37 @@ def run(
     patches: Sequence[str] = ("all",),
     report: bool = True,
     allow: Sequence[str] = (),
-    trust: bool = True,
+    trust: Sequence[str] = (),
 ) -> int:
     """Run ``target`` (a script path, or a module name with ``module=True``) under patches.
 
     ``allow`` names globals (``"module.Name"``) that checkpoints loaded through the patched
     ``torch.load`` may reference; they are added to ``SAFETORCH_ALLOW``, which child
-    processes inherit. ``trust`` (default) sets ``SAFETORCH_TRUST_ROOT`` to the program's
-    directory (:func:`trust_root_for`) unless it is set already (an empty value switches the
-    rule off); like ``SAFETORCH_PATCH`` it stays set until the process ends, so the program's
-    threads, atexit handlers and children load alike. Returns the exit status for an
-    uncaught exception (1); ``SystemExit`` propagates.
+    processes inherit. ``trust`` names checkpoint files to trust for this run (the hash of
+    each as it is now goes into ``SAFETORCH_TRUST``; a file changed later is not trusted);
+    like ``SAFETORCH_PATCH`` it stays set until the process ends, so the program's threads,
+    atexit handlers and children load alike. Returns the exit status for an uncaught
+    exception (1); ``SystemExit`` propagates.
     """
     names = registry.resolve_names(patches, default_all=True)
     if allow:
         merged = (*allowed_globals(), *allow)
         os.environ[ALLOW_ENV] = ",".join(dict.fromkeys(merged))
-    if trust and TRUST_ENV not in os.environ:
-        os.environ[TRUST_ENV] = trust_root_for(target, module=module)
+    if trust:
+        trust_for_run(trust)
     return _run_patched(target, args, module=module, names=names, report=report)
 
 
-def trust_root_for(target: str, *, module: bool = False) -> str:
-    """The project trust root of a run: the script's real directory, a directory target
-    itself, and for ``-m`` the working directory (``sys.path[0]``, where python finds it)."""
-    if module:
-        return os.getcwd()
-    real = os.path.realpath(target)
-    return real if os.path.isdir(real) else os.path.dirname(real)
+def trust_for_run(paths: Sequence[str]) -> None:
+    """Trust the checkpoint files ``paths``, as they are now, for this process and its children
+    (``st.checkpoint.saving.trust_for_run``).
+
+    Raises:
+        CheckpointError: a file is missing or not a regular file (nothing is trusted then).
+    """
+    from safetorch.checkpoint import saving  # torch: only when --trust is given
+
+    saving.trust_for_run(paths)
 
 
 def _run_patched(

@@ -76,11 +76,15 @@ def test_zero_dim_fix_parenthesizes_an_expression() -> None:
 def test_load_messages_say_what_the_file_holds() -> None:
     module = by_line("load_module.py", "ST003")
     assert "evidently holds a whole module (line 9)" in module[8].message
-    assert module[8].fix is not None and not module[8].fix.safe  # the st.load trust form
     assert "weights_only=True refuses the file" in module[10].message
+    # the file saves it (line 7): st.save there and st.load here, never weights_only=True
+    for fix in (module[8].fix, module[10].fix):
+        assert fix is not None and not fix.safe and fix.message.startswith("save with st.save")
     assert module[11].fix is not None  # loaded as a state dict: weights_only=True is right
+    assert module[11].fix.message == "add weights_only=True"
     numpy = by_line("load_numpy.py", "ST003")
     assert "numpy data" in numpy[8].message and "numpy scalars" in numpy[11].message
+    assert numpy[8].fix is not None and numpy[11].fix is not None
 
 
 def test_code_that_needs_torch_2_6_is_weights_only_by_default() -> None:

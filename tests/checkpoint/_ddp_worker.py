@@ -29,7 +29,7 @@ def run(rank: int, directory: str) -> None:
     )
     saves = []
     real_save = ckpt_io._torch_save
-    ckpt_io._torch_save = lambda obj, f: (saves.append(f), real_save(obj, f))[1]
+    ckpt_io._torch_save = lambda obj, f, *a, **k: (saves.append(f), real_save(obj, f, *a, **k))[1]
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))

@@ -28,7 +28,7 @@ import torch
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.checkpoint import _unpickler
+from safetorch.checkpoint import _scan, _unpickler
 
 BRANCHES = {
     "installed": {},
@@ -316,7 +316,7 @@ def test_scanner_bomb_stops_at_the_first_refused_opcode(tmp_path, simulate_torch
     with simulate_torch(**BRANCHES[branch]):
         with pytest.raises(st.UnsafeCheckpointError, match="POP"):
             peak = _peak_mb(lambda: st.load(path))
-        peak = _peak_mb(lambda: _unpickler.scan_file(path))
+        peak = _peak_mb(lambda: _scan.scan_file(path))
     assert peak < 50, peak
 
 
@@ -324,8 +324,8 @@ def test_scan_memory_does_not_grow_with_the_opcode_count(tmp_path):
     """A valid pickle of 2M memoized small ints: the scan keeps only strings."""
     obj = list(range(2_000_000))
     pkl = pickle.dumps(obj, protocol=2)
-    result = _unpickler.ScanResult()
-    peak = _peak_mb(lambda: _unpickler.scan_pickle(io.BytesIO(pkl), result))
+    result = _scan.ScanResult()
+    peak = _peak_mb(lambda: _scan.scan_pickle(io.BytesIO(pkl), result))
     assert result.complete
     assert peak < 5, peak
 

@@ -7,8 +7,12 @@ idioms of public examples of that era; see each script's docstring):
 * ``python -m safetorch run`` completes with finite results that match the hand-modernised
   copy on the first iterations (where the manifest says an idiom cannot be shimmed, it fails
   with that error instead);
-* the copy ``safetorch check --fix --unsafe-fixes`` wrote runs with plain ``python`` (no
-  ``safetorch run``), matches the modernised copy too, and leaves nothing fixable behind.
+* the copy ``safetorch check --fix --unsafe-fixes`` wrote leaves nothing fixable behind,
+  runs with plain ``python`` (no ``safetorch run``) and matches the modernised copy too;
+  where one script loads a whole-model or numpy file another one saved (ST003 has no fix
+  there; a save and load in one file become ``st.save`` and ``st.load``) a
+  weights-only-by-default torch refuses that load under plain ``python``, and the copy
+  matches under ``safetorch run``.
 
 Each step runs in a fresh process with ``OMP_NUM_THREADS=1`` (bit-identical reductions in
 both copies) and in the working directory the earlier steps wrote to.
@@ -36,6 +40,20 @@ MANIFEST: List[Dict[str, Any]] = json.loads((SCRIPTS / "manifest.json").read_tex
 FIRST = 3  # iterations whose losses must match the modernised copy closely
 
 pytestmark = pytest.mark.slow
+
+# Where a script saves a whole model or numpy data and the same file loads it back, ST003's
+# fix makes the save st.save and the load st.load, which plain python runs (save_reload, and
+# main.py of word_language_model). These scripts load such a file in another script than the
+# one that saved it (word_language_model: generate.py): ST003 has no fix for that load (no
+# save in its file writes it), it stays a plain torch.load, which a weights-only-by-default
+# torch refuses under plain python; safetorch run, whose patched torch.save records the files
+# it writes, still runs the fixed copy.
+LOADED_ELSEWHERE = {
+    "char_rnn_classification",  # train.py saves, predict.py loads
+    "super_resolution",  # main.py saves, super_resolve.py loads
+    "time_sequence_prediction",  # generate_sine_wave.py saves numpy data, train.py loads
+    "word_language_model",  # main.py saves and loads (fixed), generate.py loads
+}
 
 
 class Outcome(NamedTuple):
@@ -128,9 +146,18 @@ def test_legacy_script(
     argv = ["check", "--fix", "--unsafe-fixes", "--isolated", "--exit-zero", str(fixed_dir)]
     assert safetorch_main(argv) == 0
     capsys.readouterr()
-    left = [d for r in check_paths([str(fixed_dir)]) for d in r.diagnostics if d.fix is not None]
-    assert left == [], [str(d) for d in left]
-    _assert_matches(_run(fixed_dir, steps), modern, "the --fix'ed copy under plain python")
+    left = [d for r in check_paths([str(fixed_dir)]) for d in r.diagnostics]
+    assert [str(d) for d in left if d.fix is not None] == []
+    unfixed = [d for d in left if d.code == "ST003" and "evidently holds" in d.message]
+    assert bool(unfixed) == (name in LOADED_ELSEWHERE), [str(d) for d in unfixed]
+    if unfixed and LOAD_WEIGHTS_ONLY_DEFAULT_TRUE:
+        plain_fixed = _run(fixed_dir, steps)
+        assert plain_fixed.code != 0, [str(d) for d in unfixed]
+        assert "Weights only load failed" in plain_fixed.stderr, plain_fixed.stderr[-3000:]
+        fixed = _run(fixed_dir, steps, shim=True)
+        _assert_matches(fixed, modern, "the --fix'ed copy under safetorch run")
+    else:
+        _assert_matches(_run(fixed_dir, steps), modern, "the --fix'ed copy under plain python")
 
 
 def test_manifest_names_every_script_directory() -> None:

@@ -50,8 +50,8 @@ def in_process(monkeypatch) -> Iterator[List[Any]]:
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
     # absent during the test, restored after it: set then deleted, monkeypatch records each
-    # as it was, so what the runner sets (the patch list, its trust root) is undone
-    for name in ("SAFETORCH_PATCH", "SAFETORCH_TRUST_ROOT", "SAFETORCH_ALLOW"):
+    # as it was, so what the runner sets (the patch list, run-scoped trust) is undone
+    for name in ("SAFETORCH_PATCH", "SAFETORCH_TRUST", "SAFETORCH_ALLOW"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     monkeypatch.setattr(runner.atexit, "register", lambda *a: registered.append(a))

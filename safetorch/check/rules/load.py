@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from safetorch.check.engine import UNSAFE, Context, Fix, Positioned
+from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import import_edit
 from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import (
@@ -31,6 +31,14 @@ from safetorch.check.rules._helpers import (
 def _loads_something(call: ast.Call) -> bool:
     """``torch.load(path)`` or ``torch.load(f=path)`` (not a bare ``torch.load()``)."""
     return bool(call.args) or find_keyword(call, "f") is not None
+
+
+# What the file's save calls are: torch's, and st.save (a file an earlier fix rewrote).
+_SAVES = ("torch.save", "safetorch.save")
+# What a weights-only load refuses (the kinds ``_Payloads._holds`` names).
+_REFUSED = ("a whole module", "numpy data", "numpy scalars")
+# torch.load keywords st.load takes too (weights_only is dropped by the fix).
+_ST_LOAD_KEYWORDS = frozenset({"f", "map_location", "weights_only", "mmap", "encoding"})
 
 
 # Methods only a module has: a loaded object used with them is a whole pickled module.
@@ -82,8 +90,17 @@ class _Payloads:
                 name = var_key(node.value)
                 if name is not None:
                     self._module_names.add(name)
+        # (extent of the body, handle name, path) of each ``with open(path, ...) as handle:``
+        self.handles: List[Tuple[Pos, Pos, str, ast.expr]] = []
         for node in self.ctx.walk(tree):
-            if isinstance(node, ast.Call) and ctx.qualname(node.func) == "torch.save" and node.args:
+            if isinstance(node, ast.With) and node.body:
+                for item in node.items:
+                    opened = _opened(item.context_expr)
+                    if opened is not item.context_expr and isinstance(item.optional_vars, ast.Name):
+                        extent = (start_of(node.body[0]), end_of(node.body[-1]))
+                        self.handles.append((*extent, item.optional_vars.id, opened))
+        for node in self.ctx.walk(tree):
+            if isinstance(node, ast.Call) and ctx.qualname(node.func) in _SAVES and node.args:
                 self.saves.append((node, self._holds(node.args[0])))
         for scope in scopes:  # outer functions first: the innermost one wins
             for node in self.ctx.walk(scope):
@@ -186,6 +203,37 @@ class _Payloads:
             return not local or self._scope(path) is self._scope(save)
         return not (isinstance(path, ast.Constant) and isinstance(target, ast.Constant))
 
+    def saves_of(self, load: ast.Call) -> List[Tuple[ast.Call, Optional[str]]]:
+        """The saves of this file that write the very path ``load`` reads, with what each
+        holds: the same path expression (``path``, ``args.save``), also through
+        ``open(path, "wb")`` or the handle of a ``with open(path, ...) as f:``; a local name
+        only within one function."""
+        path = call_arg(load, 0, "f")
+        if path is None:
+            return []
+        path = self._file_of(path)
+        key = self.ctx.segment(path)
+        # A local name (``path``) means the same file only within one function.
+        local = isinstance(path, ast.Name) and self._scope(path) is not self.ctx.tree
+        found = []
+        for save, held in self.saves:
+            target = call_arg(save, 1, "f")
+            if target is None or self.ctx.segment(self._file_of(target)) != key:
+                continue
+            if not local or self._scope(path) is self._scope(save):
+                found.append((save, held))
+        return found
+
+    def _file_of(self, node: ast.expr) -> ast.expr:
+        """The path expression of the file ``node`` names: ``path`` for ``open(path, "wb")``
+        and for the handle of the innermost ``with open(path, ...) as handle:`` around it."""
+        if isinstance(node, ast.Name):
+            where = start_of(node)
+            around = [h for h in self.handles if h[2] == node.id and h[0] <= where <= h[1]]
+            if around:
+                return max(around, key=lambda h: h[0])[3]
+        return _opened(node)
+
     def _scope(self, node: ast.expr) -> ast.AST:
         """The function whose body holds the call ``node`` is in (by position), or the module."""
         if id(node) in self.call_scope:
@@ -220,6 +268,19 @@ class _Payloads:
                 ):
                     return True
         return False
+
+
+def _opened(node: ast.expr) -> ast.expr:
+    """``path`` for ``open(path, "wb")`` (the builtin's name); ``node`` itself otherwise."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "open"
+        and node.args
+        and not isinstance(node.args[0], ast.Starred)
+    ):
+        return node.args[0]
+    return node
 
 
 def _subscript_root(node: ast.AST) -> ast.AST:
@@ -402,6 +463,12 @@ def _weights_only_fallback(ctx: Context, call: ast.Call) -> bool:
     return _inside(start_of(call), handlers)
 
 
+_SAVED_LOAD = (
+    "save with st.save and load with st.load (safetorch records the whole-model/numpy files it "
+    "writes and loads them fully; a file written before needs `safetorch trust FILE` once)"
+)
+
+
 class LoadWithoutWeightsOnly(Rule):
     """ST003: ``torch.load`` without ``weights_only`` (one finding per call, safety and device).
 
@@ -418,12 +485,14 @@ class LoadWithoutWeightsOnly(Rule):
     The advice follows what the file evidently holds: a whole module (``torch.save(model,
     path)`` in the same file, or the loaded object used as a module: ``.eval()``, called),
     numpy arrays or numpy scalars (saved from ``np.*`` values). ``weights_only=True`` refuses
-    those, so it is not offered there; the finding points to ``st.load(path, allow=[...])``
-    (an explicit allow-list, for this call only) or to saving a state_dict instead. A load
-    under ``torch.serialization.safe_globals([...])`` (or in a file that calls
-    ``add_safe_globals``) has its allow-list: it is advised as a plain load. Quiet for the
-    fallback ``except TypeError:`` of a ``try`` whose load passes ``weights_only`` (a torch
-    without that argument, before 1.13).
+    those, so it is not offered there; the finding points to saving a state_dict (or tensors)
+    instead, or to saving with ``st.save`` and loading with ``st.load`` (safetorch records
+    the files it writes and loads them fully), or, for a file written before, to
+    ``safetorch trust FILE`` once and then ``st.load``; ``weights_only=False`` only for a
+    file you trust. A load under ``torch.serialization.safe_globals([...])`` (or in a file
+    that calls ``add_safe_globals``) has its allow-list: it is advised as a plain load. Quiet
+    for the fallback ``except TypeError:`` of a ``try`` whose load passes ``weights_only`` (a
+    torch without that argument, before 1.13).
 
     Where the load lacks ``map_location`` too, the same finding says so (the preview rule
     ``load-without-map-location`` is that advice alone): a GPU checkpoint fails on a
@@ -431,16 +500,25 @@ class LoadWithoutWeightsOnly(Rule):
 
     Fix (unsafe, ``--unsafe-fixes``): add ``weights_only=True``. On torch before 2.6 it
     refuses checkpoints that pickle other objects (numpy scalars, argparse Namespaces) which
-    loaded before; not offered where the file evidently holds more than weights. There the
-    load becomes what ``safetorch run`` makes of it, spelled for plain ``python``:
+    loaded before. Where the file evidently holds more than weights, ``weights_only=True``
+    refuses it on every torch; where a ``torch.save`` of this file that writes a whole module
+    or numpy data is the evidence, the fix saves with ``st.save`` and loads with ``st.load``
+    instead (one fix, ``import safetorch as st`` added where missing):
 
-        model = torch.load(path)  ->  model = st.load(path, map_location="available",
-                                          trust_root=os.path.dirname(os.path.abspath(__file__)))
+        torch.save(model, path)   ->  st.save(model, path)
+        model = torch.load(path)  ->  model = st.load(path, map_location="available")
 
-    which rebuilds whole-model pickles of the ``nn.Module`` classes defined under this
-    file's directory and of ``torch.nn``, and numpy arrays, and nothing else
-    (``map_location="available"`` keeps torch.load's placement, CPU where CUDA is missing;
-    ``import os`` and ``import safetorch as st`` are added where missing).
+    ``st.save`` is ``torch.save`` and records the file it writes; ``st.load`` then loads it
+    fully. Every save of the file that writes the same path becomes ``st.save``: the same
+    expression (a local name within one function), ``open(path, "wb")`` or the handle of a
+    ``with open(path, ...) as f:``. The load keeps its arguments, less ``weights_only``;
+    ``map_location="available"`` keeps torch.load's placement (CPU where CUDA is missing)
+    where it passed none. It is unsafe: a file the script did not write with ``st.save``
+    (one from an earlier run, or another script's) needs ``safetorch trust FILE`` once.
+    No fix where only the use of the loaded object is the evidence (``.eval()``: a file
+    saved elsewhere, which another script's fix may not reach), where a save writes it to
+    another path expression, or where the save or the load passes ``pickle_module`` (a file
+    ``st.save`` does not record) or ``*args``/``**kwargs``.
 
     safetorch: ``st.load`` (weights_only by default, clear error naming the blocked type).
     """
@@ -466,9 +544,7 @@ class LoadWithoutWeightsOnly(Rule):
             held = None  # its classes are allow-listed: a weights-only load accepts them
         if weights_only is not None:
             if held is not None and is_const(weights_only.value, True):
-                self.report(
-                    node, self._refused(held, "weights_only=True"), self._trusted_load(node)
-                )
+                self.report(node, self._refused(held, "weights_only=True"), self._saved_load(node))
             return
         if new_torch:
             if held is not None:
@@ -476,7 +552,7 @@ class LoadWithoutWeightsOnly(Rule):
                 self.report(
                     node,
                     self._refused(held, f"the default weights_only=True ({since})"),
-                    self._trusted_load(node),
+                    self._saved_load(node),
                 )
             return
         # With the map_location rule in preview, this finding also carries the device advice:
@@ -492,7 +568,7 @@ class LoadWithoutWeightsOnly(Rule):
                 node,
                 "torch.load without weights_only can execute code from the file (the default "
                 f"before torch 2.6){tail}; " + self._refused(held, "weights_only=True"),
-                self._trusted_load(node),
+                self._saved_load(node),
             )
             return
         edit = add_keywords(self.ctx, node, "weights_only=True")
@@ -506,28 +582,41 @@ class LoadWithoutWeightsOnly(Rule):
             fix,
         )
 
-    def _trusted_load(self, call: ast.Call) -> Optional[Fix]:
-        """``st.load(<the same arguments>, trust_root=<this file's directory>)``: what
-        ``safetorch run`` does for this call, spelled out so plain ``python`` runs it (a
-        whole-model pickle of the project's own classes, torch.nn modules, numpy arrays)."""
-        if has_star(call) or has_double_star(call) or len(call.args) > 2:
+    def _saved_load(self, call: ast.Call) -> Optional[Fix]:
+        """``st.save`` for the saves of this file that write the path ``call`` loads, and
+        ``st.load(<the same arguments>)`` for the load: safetorch records the whole-model and
+        numpy files it writes and loads those bytes fully. None unless one of those saves is
+        the evidence (it writes a whole module or numpy data), or where a call passes
+        ``pickle_module`` (st.save does not record that file) or ``*args``/``**kwargs``."""
+        if has_star(call) or len(call.args) > 2:
             return None
-        if find_keyword(call, "pickle_module") is not None or find_keyword(call, "trust_root"):
-            return None
-        names = import_edit(self.ctx, [("os", None), ("safetorch", "st")])
+        if any(k.arg not in _ST_LOAD_KEYWORDS for k in call.keywords):
+            return None  # pickle_module=, or a pickle_load_args keyword st.load lacks
+        found = payloads(self.ctx).saves_of(call)
+        if not any(held in _REFUSED for _, held in found):
+            return None  # no save here writes it: the evidence is how the result is used
+        saves = [save for save, _ in found]
+        for save in saves:
+            if has_star(save) or has_double_star(save) or len(save.args) > 2:
+                return None
+            if find_keyword(save, "pickle_module") is not None:
+                return None
+        names = import_edit(self.ctx, [("safetorch", "st")])
         if names is None:
             return None
         spelled, imports = names
+        st = spelled["safetorch"]
+        edits: List[Edit] = list(imports)
+        for save in saves:
+            if self.ctx.qualname(save.func) == "torch.save":
+                edits.append(self.ctx.replace(save.func, f"{st}.save"))
         seg = self.ctx.segment
         parts = [seg(a) for a in call.args]
         parts += [seg(k) for k in call.keywords if k.arg != "weights_only"]
         if call_arg(call, 1, "map_location") is None:
             parts.append('map_location="available"')  # torch.load's placement, CPU without CUDA
-        os_name = spelled["os"]
-        parts.append(f"trust_root={os_name}.path.dirname({os_name}.path.abspath(__file__))")
-        text = f"{spelled['safetorch']}.load({', '.join(parts)})"
-        edits = list(imports) + [self.ctx.replace(call, text)]
-        return Fix("use st.load(..., trust_root=<this file's directory>)", tuple(edits), UNSAFE)
+        edits.append(self.ctx.replace(call, f"{st}.load({', '.join(parts)})"))
+        return Fix(_SAVED_LOAD, tuple(edits), UNSAFE)
 
     @staticmethod
     def _refused(held: Tuple[str, int], what: str) -> str:
@@ -539,9 +628,9 @@ class LoadWithoutWeightsOnly(Rule):
         )
         return (
             f"{what} refuses the file, which evidently holds {kind} (line {line}): {instead}, "
-            "or load it with st.load(path, allow=[...the classes it holds]) or, for your own "
-            "files, st.load(path, trust_root=<the project directory>) (what safetorch run "
-            "does); weights_only=False only for a file you trust"
+            "or save it with st.save and load it with st.load (safetorch records the files it "
+            "writes and loads them fully), or for a file from before: safetorch trust FILE "
+            "once, then st.load; weights_only=False only for a file you trust"
         )
 
 

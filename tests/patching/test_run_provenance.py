@@ -1,11 +1,11 @@
-"""``safetorch run`` turns the project trust rule on for the script's own files.
+"""``safetorch run`` trusts a script's own saves by provenance, and nothing by inspection.
 
 A script's whole-model pickles (``torch.save(model)`` in ``train.py``, ``torch.load`` in
 ``generate.py`` without importing the model module), a tutorial's reload of a class defined in
-the script, and numpy arrays load under ``safetorch run``, where plain ``python`` on torch >= 2.6
-refuses them; a model class from outside the script's directory stays refused unless
-``SAFETORCH_TRUST_ROOT`` widens the root; an empty value switches the rule off, and then
-``--allow`` with the names a refusal lists loads a numpy array.
+the script, and numpy arrays load under ``safetorch run`` because the patched ``torch.save``
+recorded their hashes, where plain ``python`` on torch >= 2.6 refuses them. A file written
+without safetorch is refused, whatever classes it names, until ``safetorch trust FILE`` or
+``safetorch run --trust FILE``; ``--allow`` with the names a refusal lists loads a numpy array.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Dict, Iterator
 import pytest
 
 from safetorch import _compat
-from safetorch.patching import allow, runner
+from safetorch.patching import runner
 
 SAFETORCH = [sys.executable, "-m", "safetorch"]
 
@@ -142,30 +142,42 @@ def _run(proj: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def runs(proj) -> Dict[str, subprocess.CompletedProcess]:
-    out = {"train": _run(proj, *SAFETORCH, "run", "train.py")}
-    out["generate"] = _run(proj, *SAFETORCH, "run", "generate.py")
-    out["generate_python"] = _run(proj, sys.executable, "generate.py")
-    out["generate_off"] = _run(
-        proj, *SAFETORCH, "run", "--no-report", "generate.py", SAFETORCH_TRUST_ROOT=""
+def runs(proj, tmp_path_factory) -> Dict[str, subprocess.CompletedProcess]:
+    state = str(tmp_path_factory.mktemp("state"))  # this module's own trust ledger
+    out = {"train": _run(proj, *SAFETORCH, "run", "train.py", XDG_STATE_HOME=state)}
+    out["generate"] = _run(proj, *SAFETORCH, "run", "generate.py", XDG_STATE_HOME=state)
+    out["generate_python"] = _run(proj, sys.executable, "generate.py", XDG_STATE_HOME=state)
+    out["tutorial"] = _run(proj, *SAFETORCH, "run", "tutorial.py", XDG_STATE_HOME=state)
+    out["shared"] = _run(
+        proj, *SAFETORCH, "run", "--no-report", "scripts/use_shared.py", XDG_STATE_HOME=state
     )
-    out["tutorial"] = _run(proj, *SAFETORCH, "run", "tutorial.py")
-    out["shared"] = _run(proj, *SAFETORCH, "run", "--no-report", "scripts/use_shared.py")
-    out["shared_widened"] = _run(
-        proj, *SAFETORCH, "run", "--no-report", "scripts/use_shared.py",
-        SAFETORCH_TRUST_ROOT=str(proj),
-    )  # fmt: skip
+    # model.pt again, written by plain python: a file from elsewhere
+    other = str(tmp_path_factory.mktemp("other-state"))
+    out["train_python"] = _run(proj, sys.executable, "train.py", XDG_STATE_HOME=other)
+    out["generate_untrusted"] = _run(
+        proj, *SAFETORCH, "run", "--no-report", "generate.py", XDG_STATE_HOME=other
+    )
+    out["generate_run_trust"] = _run(
+        proj, *SAFETORCH, "run", "--trust", "model.pt", "generate.py", XDG_STATE_HOME=other
+    )
+    out["generate_after_run_trust"] = _run(
+        proj, *SAFETORCH, "run", "--no-report", "generate.py", XDG_STATE_HOME=other
+    )
+    out["trust"] = _run(proj, *SAFETORCH, "trust", "--yes", "model.pt", XDG_STATE_HOME=other)
+    out["generate_trusted"] = _run(
+        proj, *SAFETORCH, "run", "--no-report", "generate.py", XDG_STATE_HOME=other
+    )
     return out
 
 
 def test_generate_loads_what_train_saved(runs) -> None:
     train, gen = runs["train"], runs["generate"]
     assert train.returncode == 0 and train.stdout.strip() == "saved", train.stderr
+    assert "recorded as trusted" in train.stderr  # the report says what torch.save did
     assert gen.returncode == 0, gen.stderr
-    # the model module was imported by the load itself (generate.py never imports it)
+    # the model module was imported by the full load itself (generate.py never imports it)
     assert gen.stdout.split() == ["RNNModel", "True", "True"]
-    assert "whole-model pickle loaded by the project trust rule" in gen.stderr
-    assert "model.RNNModel" in gen.stderr and "torch.nn.modules.rnn.LSTM" in gen.stderr
+    assert "file trusted by provenance loaded fully" in gen.stderr
 
 
 @pytest.mark.skipif(
@@ -176,61 +188,74 @@ def test_plain_python_refuses_the_same_file(runs) -> None:
     assert plain.returncode == 1 and "Weights only load failed" in plain.stderr
 
 
-def test_an_empty_trust_root_switches_the_rule_off(runs) -> None:
-    off = runs["generate_off"]
+def test_a_file_from_elsewhere_is_refused_with_the_way_to_trust_it(runs) -> None:
+    assert runs["train_python"].returncode == 0, runs["train_python"].stderr
+    off = runs["generate_untrusted"]
     assert off.returncode == 1
     assert "UnsafeCheckpointError" in off.stderr and "model.RNNModel" in off.stderr
-    assert "trust_root=" in off.stderr  # the refusal names the way in
+    assert "safetorch trust" in off.stderr and "--trust" in off.stderr
+    assert "trust_root" not in off.stderr
+
+
+def test_run_trust_is_for_one_run_and_trust_lasts(runs) -> None:
+    once = runs["generate_run_trust"]
+    assert once.returncode == 0 and once.stdout.split()[0] == "RNNModel", once.stderr
+    assert "this run" in once.stderr
+    assert runs["generate_after_run_trust"].returncode == 1  # nothing was written down
+    trust = runs["trust"]
+    assert trust.returncode == 0 and "model.RNNModel" in trust.stdout, trust.stderr
+    later = runs["generate_trusted"]
+    assert later.returncode == 0 and later.stdout.split()[0] == "RNNModel", later.stderr
 
 
 def test_tutorial_reload_and_numpy_arrays(runs) -> None:
     tut = runs["tutorial"]
     assert tut.returncode == 0, tut.stderr
     assert tut.stdout.split() == ["TheModelClass", "[0.0,", "0.25,", "0.5,", "0.75,", "1.0]", "3"]
-    assert "__main__.TheModelClass" in tut.stderr
 
 
-def test_a_class_outside_the_scripts_directory_needs_a_wider_root(runs) -> None:
-    shared, widened = runs["shared"], runs["shared_widened"]
-    assert shared.returncode == 1 and "shared_model.Shared" in shared.stderr
-    assert "outside the trusted root" in shared.stderr
-    assert widened.returncode == 0 and widened.stdout.strip() == "Shared", widened.stderr
+def test_a_class_outside_the_scripts_directory_loads_when_the_run_saved_it(runs) -> None:
+    """Where a class is defined decides nothing: who wrote the file does."""
+    shared = runs["shared"]
+    assert shared.returncode == 0 and shared.stdout.strip() == "Shared", shared.stderr
+
+
+def test_run_trust_of_a_missing_file_is_a_usage_error(proj) -> None:
+    out = _run(proj, *SAFETORCH, "run", "--trust", "nope.pt", "generate.py")
+    assert out.returncode == 2 and "nope.pt" in out.stderr and "does not exist" in out.stderr
 
 
 @pytest.mark.skipif(
     not _numpy_has_dtypes(),
     reason="needs numpy 1.25+ (numpy.dtypes: importable names for the allow= strings)",
 )
-def test_allow_with_the_refused_names_loads_a_numpy_array(proj) -> None:
+def test_allow_with_the_refused_names_loads_a_numpy_array(proj, tmp_path) -> None:
     """The names a refusal lists are enough for --allow (torch's safe_globals also needs
-    numpy.dtypes.Float64DType)."""
-    off = _run(proj, *SAFETORCH, "run", "--no-report", "numpy_data.py", SAFETORCH_TRUST_ROOT="")
+    numpy.dtypes.Float64DType). The file is written by plain python: not trusted."""
+    state = str(tmp_path)
+    saved = _run(
+        proj,
+        sys.executable,
+        "-c",
+        "import numpy as np, torch; torch.save(np.arange(4.0), 'arr2.pt')",
+        XDG_STATE_HOME=state,
+    )
+    assert saved.returncode == 0, saved.stderr
+    script = "import torch; print(torch.load('arr2.pt').tolist())"
+    (proj / "load_arr2.py").write_text(script)
+    off = _run(proj, *SAFETORCH, "run", "--no-report", "load_arr2.py", XDG_STATE_HOME=state)
     assert off.returncode == 1 and "numpy.ndarray" in off.stderr
     import numpy
 
     core = "numpy._core" if int(numpy.__version__.split(".")[0]) >= 2 else "numpy.core"
     names = f"{core}.multiarray._reconstruct,numpy.ndarray,numpy.dtype"  # as numpy pickles it
     allowed = _run(
-        proj, *SAFETORCH, "run", "--no-report", "--allow", names, "numpy_data.py",
-        SAFETORCH_TRUST_ROOT="",
+        proj, *SAFETORCH, "run", "--no-report", "--allow", names, "load_arr2.py",
+        XDG_STATE_HOME=state,
     )  # fmt: skip
     assert allowed.returncode == 0 and allowed.stdout.strip() == "[0.0, 1.0, 2.0, 3.0]", (
         allowed.stderr
     )
-
-
-# --- the root and the variable, in process ----------------------------------------------------
-def test_trust_root_for_a_script_a_directory_and_a_module(tmp_path, monkeypatch) -> None:
-    script = tmp_path / "sub" / "train.py"
-    script.parent.mkdir()
-    script.write_text("")
-    link = tmp_path / "link.py"
-    link.symlink_to(script)
-    assert runner.trust_root_for(str(script)) == str(script.parent.resolve())
-    assert runner.trust_root_for(str(link)) == str(script.parent.resolve())  # the real file's
-    assert runner.trust_root_for(str(tmp_path)) == str(tmp_path.resolve())
-    monkeypatch.chdir(tmp_path)
-    assert runner.trust_root_for("pkg.tool", module=True) == os.getcwd()
 
 
 @pytest.fixture
@@ -238,31 +263,19 @@ def clean_env(monkeypatch) -> Iterator[None]:
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
-    for name in ("SAFETORCH_PATCH", allow.TRUST_ENV):
+    for name in ("SAFETORCH_PATCH", "SAFETORCH_TRUST"):
         monkeypatch.setenv(name, "")  # records the value, so monkeypatch restores it
         monkeypatch.delenv(name)
     yield
 
 
-def test_run_sets_the_variable_unless_already_set(tmp_path, clean_env, monkeypatch) -> None:
+def test_run_trust_sets_only_hashes_in_the_environment(tmp_path, clean_env) -> None:
+    ckpt = tmp_path / "m.pt"
+    torch_save = __import__("torch").save
+    torch_save({"w": __import__("torch").ones(1)}, ckpt)
     script = tmp_path / "probe.py"
-    script.write_text(
-        "import os\nfrom safetorch.patching import allow\n"
-        "print(os.environ.get('SAFETORCH_TRUST_ROOT'), allow.trust_root())\n"
-    )
-    assert runner.run(str(script), [], report=False, patches=["load"]) == 0
-    assert os.environ[allow.TRUST_ENV] == str(tmp_path.resolve())
-    assert allow.trust_root() == str(tmp_path.resolve())
-    monkeypatch.setenv(allow.TRUST_ENV, "")  # the user's own value (off) wins
-    assert runner.run(str(script), [], report=False, patches=["load"]) == 0
-    assert os.environ[allow.TRUST_ENV] == "" and allow.trust_root() is None
-    monkeypatch.delenv(allow.TRUST_ENV)
-    assert runner.run(str(script), [], report=False, patches=["load"], trust=False) == 0
-    assert allow.TRUST_ENV not in os.environ
-
-
-def test_trust_root_ignores_a_missing_directory(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv(allow.TRUST_ENV, str(tmp_path / "gone"))
-    assert allow.trust_root() is None
-    monkeypatch.setenv(allow.TRUST_ENV, str(tmp_path))
-    assert allow.trust_root() == str(tmp_path)
+    script.write_text("import os\nprint(os.environ.get('SAFETORCH_TRUST'))\n")
+    assert runner.run(str(script), [], report=False, patches=["load"], trust=[str(ckpt)]) == 0
+    value = os.environ["SAFETORCH_TRUST"]
+    size, _, digest = value.partition(":")
+    assert int(size) == ckpt.stat().st_size and len(digest) == 64 and str(tmp_path) not in value

@@ -1,0 +1,113 @@
+"""The patched ``torch.save`` is ``st.save``: torch's contract, and provenance for what a
+weights-only load would refuse."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+import torch
+
+import safetorch as st
+from safetorch.checkpoint import _provenance
+from safetorch.patching import registry
+
+
+def _ledger() -> List[Path]:
+    root = Path(_provenance.state_dir())
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def _kinds() -> List[str]:
+    return [e.kind for e in registry.report_entries() if e.patch == "load"]
+
+
+def test_patched_save_then_load_of_a_whole_model_runs_unedited(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    with st.patched("load"):
+        assert torch.save(torch.nn.Linear(2, 2), path) is None
+        loaded = torch.load(path)
+    assert isinstance(loaded, torch.nn.Linear)
+    kinds = _kinds()
+    assert any("recorded as trusted" in k for k in kinds)
+    assert "file trusted by provenance loaded fully" in kinds
+    with pytest.raises(pickle.UnpicklingError):  # torch alone still refuses the bytes
+        torch.load(path, weights_only=True)
+
+
+def test_patched_save_of_a_state_dict_writes_torchs_bytes_and_records_nothing(
+    tmp_path: Path,
+) -> None:
+    sd = {"w": torch.arange(4.0)}
+    with st.patched("load"):
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+    plain = io.BytesIO()
+    torch.save(sd, plain)
+    assert buf.getvalue() == plain.getvalue() and _ledger() == []
+    assert not any("recorded" in k for k in _kinds())
+
+
+def test_patched_save_keeps_torchs_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "legacy.pt"
+    with st.patched("load"):
+        torch.save({"w": torch.ones(2)}, path, pickle, 2, _use_new_zipfile_serialization=False)
+        torch.save({"w": torch.ones(2)}, f=str(tmp_path / "kw.pt"), pickle_protocol=4)
+        with pytest.raises(TypeError):
+            torch.save()  # torch's own error for a bad call
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(2))
+    assert torch.equal(st.load(tmp_path / "kw.pt")["w"], torch.ones(2))
+
+
+def test_patched_save_errors_are_torchs(tmp_path: Path) -> None:
+    def failure(call: Any) -> type:
+        try:
+            call()
+        except Exception as exc:  # what torch raises, whatever it is
+            return type(exc)
+        raise AssertionError("no error")
+
+    cases = [
+        lambda: torch.save({"w": torch.ones(1)}, tmp_path / "missing-dir" / "x.pt"),
+        lambda: torch.save(lambda: 0, tmp_path / "lambda.pt"),
+        lambda: torch.save({"w": torch.ones(1)}, 42),
+    ]
+    plain = [failure(c) for c in cases]
+    with st.patched("load"):
+        patched = [failure(c) for c in cases]
+    assert patched == plain
+
+
+def test_unpatching_restores_torch_save() -> None:
+    original = torch.save
+    with st.patched("load"):
+        assert torch.save is not original
+    assert torch.save is original
+
+
+def test_explicit_weights_only_true_under_the_patch_stays_strict(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    with st.patched("load"):
+        torch.save(torch.nn.Linear(2, 2), path)
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(path, weights_only=True)
+
+
+def test_a_malicious_file_is_refused_under_the_patch(tmp_path: Path, monkeypatch: Any) -> None:
+    calls: List[Any] = []
+
+    class Evil:
+        def __reduce__(self) -> Any:
+            return (os.system, ("true",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Evil()}, path)  # plain torch: nothing recorded
+    monkeypatch.setattr(os, "system", lambda *a: calls.append(a))
+    with st.patched("load"):
+        with pytest.raises(pickle.UnpicklingError, match="safetorch trust"):
+            torch.load(path)
+    assert calls == []
