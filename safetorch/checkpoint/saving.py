@@ -10,17 +10,18 @@ it is written; ``st.load`` then loads it fully. A state dict is written exactly 
 
 from __future__ import annotations
 
+import collections
 import io
 import logging
 import os
 import pickle
-import re
 import types
 import zipfile
 from typing import (
     IO,
     Any,
     Callable,
+    FrozenSet,
     Iterable,
     Mapping,
     NamedTuple,
@@ -49,15 +50,23 @@ _DEFAULT_PROTOCOL = 2  # torch.serialization.DEFAULT_PROTOCOL, every torch since
 
 
 # --- provenance: what a weights-only load would refuse is recorded ---------------------------
-# Protocol 2 and 3 pickles (torch.save's default is 2) name every global with GLOBAL:
-# ``c<module>\n<name>\n``. A match that is no global (bytes inside a key) only sends the pickle
-# to the exact scanner, which decides alone for other protocols.
-_GLOBAL = re.compile(rb"c([^\n]{1,256})\n([^\n]{1,256})\n")
 _EXTRA = _unpickler.resolve_allowed(_unpickler.DEFAULT_EXTRA_ALLOWED)
+_ALLOWED: Optional[FrozenSet[str]] = None  # "module.Name" a weights-only load admits
+# Instances the pickler reduces with globals it then checks itself (their classes/functions):
+# the types of a state dict. Any other instance makes the exact scan decide (it may reduce to
+# a global by name, as a dtype does).
+_PLAIN = (torch.Tensor, torch.nn.Parameter, torch.Size, collections.OrderedDict, torch.dtype)
+
+
+def _allowed() -> FrozenSet[str]:
+    global _ALLOWED
+    if _ALLOWED is None:
+        _ALLOWED = frozenset(_unpickler.torch_allowed_globals()) | frozenset(_EXTRA)
+    return _ALLOWED
 
 
 def needs_trust(data: bytes) -> bool:
-    """Whether a weights-only load refuses the pickle ``data`` (the test st.save records by).
+    """Whether a weights-only load refuses the pickle ``data`` (the exact scanner decides).
 
     >>> import pickle, collections
     >>> needs_trust(pickle.dumps(collections.OrderedDict(a=1), protocol=2))
@@ -65,15 +74,6 @@ def needs_trust(data: bytes) -> bool:
     >>> needs_trust(pickle.dumps(NamedTuple, protocol=2))
     True
     """
-    if data[:2] in (b"\x80\x02", b"\x80\x03"):
-        names = sorted(
-            {
-                _unpickler._normalize(m.decode("utf-8", "replace"), n.decode("utf-8", "replace"))
-                for m, n in _GLOBAL.findall(data)
-            }
-        )
-        if not _unpickler.unsafe_globals(names, _EXTRA):
-            return False
     result = _scan.ScanResult()
     complete = _scan.scan_pickle(io.BytesIO(data), result)
     return (
@@ -83,26 +83,53 @@ def needs_trust(data: bytes) -> bool:
     )
 
 
-def _deciding_module(writer: _provenance.HashingWriter) -> Any:
-    """``pickle`` with a Pickler that starts ``writer``'s hash once the object pickle it just
-    wrote needs trust (torch.save writes data.pkl's bytes only after pickling them)."""
+class _NeedsTrust(Exception):
+    """Raised out of torch.save's pickling: this object must be written with its hash."""
+
+
+def _deciding_module(on_needs: Callable[[], None]) -> Any:
+    """``pickle`` whose Pickler watches what it writes: every class and function it saves by
+    name (``reducer_override`` sees each first), and instances of types a state dict does not
+    hold (then the exact scan of the pickle decides). Once the object pickle is complete, and
+    before torch.save writes any of it (data.pkl is written after pickling), ``on_needs()`` runs
+    when a weights-only load would refuse it."""
 
     class Pickler(pickle.Pickler):
         def __init__(self, file: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(file, *args, **kwargs)
             self._safetorch_file = file
+            self._safetorch_needs = False
+            self._safetorch_unsure = False
+
+        def reducer_override(self, obj: Any) -> Any:
+            if not self._safetorch_needs and not isinstance(obj, _PLAIN):
+                if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+                    name = (
+                        f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', None)}"
+                    )
+                    if name not in _allowed():
+                        self._safetorch_needs = True
+                else:
+                    self._safetorch_unsure = True
+            return NotImplemented
 
         def dump(self, obj: Any) -> None:
             super().dump(obj)
             file = self._safetorch_file
-            if isinstance(file, io.BytesIO) and not writer.hashing:
-                if needs_trust(file.getvalue()):
-                    writer.start()
+            if isinstance(file, io.BytesIO):  # torch.save's data.pkl buffer (the zip format)
+                if self._safetorch_needs or (
+                    self._safetorch_unsure and needs_trust(file.getvalue())
+                ):
+                    on_needs()
 
     module = types.ModuleType("pickle")
     module.__dict__.update(vars(pickle))
     module.Pickler = Pickler  # type: ignore[attr-defined]  # a synthetic pickle module
     return module
+
+
+def _raise_needs_trust() -> None:
+    raise _NeedsTrust
 
 
 def save(
@@ -114,8 +141,8 @@ def save(
 ) -> None:
     """``torch.save``, and a file a weights-only load would refuse is trusted by provenance.
 
-    Same arguments as ``torch.save``, and the archive ``torch.save`` writes to a file object.
-    When the pickle holds something
+    Same arguments as ``torch.save``; a state dict saved to a path is written by torch's own
+    path writer, byte for byte what ``torch.save`` writes. When the pickle holds something
     ``st.load``'s weights-only policy refuses (a whole ``nn.Module``, numpy arrays, custom
     objects), the SHA-256 of the bytes written is computed while they are written and recorded
     in the user's ledger (no path, only size and hash), so a later ``st.load`` of the same
@@ -141,14 +168,19 @@ def save(
         with _torch_internals_quiet():
             _torch_save(obj, f, pickle_module, pickle_protocol, **kwargs)
         return
-    if formats.is_path(f):
+    legacy = not kwargs.get("_use_new_zipfile_serialization", True)
+    if formats.is_path(f) and not legacy:
+        # torch's own path writer first: a state dict is written exactly as torch.save writes
+        # it. A pickle that needs trust stops before any of it is written, and the file is
+        # written again below through the hashing writer.
         try:
-            fh = open(f, "wb")  # noqa: SIM115 - closed below
-        except OSError:
-            # torch's own error for this path (a RuntimeError for a missing directory)
-            _torch_save(obj, f, pickle_module, pickle_protocol, **kwargs)
-            fh = open(f, "wb")  # noqa: SIM115 - it could write it after all: write it again
-        with fh:
+            with _torch_internals_quiet():
+                _torch_save(obj, f, _deciding_module(_raise_needs_trust), pickle_protocol, **kwargs)
+            return
+        except _NeedsTrust:
+            pass
+    if formats.is_path(f):
+        with open(f, "wb") as fh:
             entry = _save_through(obj, fh, pickle_protocol, kwargs)
     else:
         entry = _save_through(obj, f, pickle_protocol, kwargs)
@@ -165,7 +197,7 @@ def _save_through(
     if not kwargs.get("_use_new_zipfile_serialization", True):
         writer.start()  # the legacy format pickles straight into the file
     with _torch_internals_quiet():
-        _torch_save(obj, writer, _deciding_module(writer), protocol, **kwargs)  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts
+        _torch_save(obj, writer, _deciding_module(writer.start), protocol, **kwargs)  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts
     if writer.late and begin is not None:
         # Bytes went out before the pickle was known to need trust (no torch does this
         # today): write it again, hashed from the first byte.
@@ -174,7 +206,7 @@ def _save_through(
         writer = _provenance.HashingWriter(fh)
         writer.start()
         with _torch_internals_quiet():
-            _torch_save(obj, writer, _deciding_module(writer), protocol, **kwargs)  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts
+            _torch_save(obj, writer, _deciding_module(writer.start), protocol, **kwargs)  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts
     return writer.entry()  # None for what loads weights-only: nothing was hashed
 
 

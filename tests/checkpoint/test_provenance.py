@@ -56,9 +56,9 @@ def test_a_state_dict_save_is_not_hashed_and_is_torch_saves_archive(tmp_path: Pa
     path = tmp_path / "sd.pt"
     st.save(sd, path)
     assert _ledger_files() == []  # nothing recorded: it loads weights-only anyway
-    buf = io.BytesIO()
-    torch.save(sd, buf)
-    assert path.read_bytes() == buf.getvalue()
+    (tmp_path / "torch").mkdir()
+    torch.save(sd, tmp_path / "torch" / "sd.pt")  # same name: the same record prefix
+    assert path.read_bytes() == (tmp_path / "torch" / "sd.pt").read_bytes()
     assert torch.equal(torch.load(path, weights_only=True)["w"], sd["w"])
 
 

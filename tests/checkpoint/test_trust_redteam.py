@@ -210,8 +210,9 @@ def test_patched_torch_load_honours_torch_force_weights_only_load(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="red team: needs_trust's protocol-2 fast path says False when no global is unsafe "
-    "but an opcode is refused (LONG4 for a big int): st.save records nothing, st.load refuses",
+    reason="red team (usability, left): st.save decides from the globals it sees while "
+    "pickling; an opcode refused without a new global (LONG4 for a big int) is not seen, so "
+    "nothing is recorded and st.load refuses the file (with the way to trust it)",
 )
 def test_st_save_records_a_pickle_refused_for_an_opcode(tmp_path: Path) -> None:
     obj = {"x": 2**3000}
