@@ -30,6 +30,7 @@ import torch
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
+from safetorch._text import escape
 from safetorch.checkpoint import _provenance, _scan, _unpickler, formats, reader
 from safetorch.checkpoint.verify import check_file
 from safetorch.errors import (
@@ -346,7 +347,7 @@ def _refusal_message(name: str, unsafe: List[str]) -> str:
     ones ``allow=`` may admit (classes of data, never a callable that can run code), and the
     two ways to trust the whole file."""
     dangerous = [n for n in unsafe if n in _unpickler.KNOWN_DANGEROUS]
-    listed = ", ".join(unsafe)
+    listed = ", ".join(escape(n) for n in unsafe)  # the file's text: never raw to a terminal
     message = (
         f"refused to load {name}: it references {len(unsafe)} global(s) outside the "
         f"weights-only allow-list: {listed}. Nothing from the file was executed."

@@ -17,6 +17,7 @@ from typing import Any, List
 
 import pytest
 import torch
+from _pickles import archive  # tests/_pickles.py (on sys.path through conftest)
 
 import safetorch as st
 from safetorch.checkpoint import _provenance, loading, saving
@@ -376,3 +377,13 @@ def test_the_cli_trusts_after_showing_the_globals(tmp_path: Path) -> None:
         timeout=120,
     )
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_a_refusal_never_prints_the_files_control_characters(tmp_path: Path) -> None:
+    path = tmp_path / "esc.pt"
+    body = b"\x80\x02cevil\x1b[2J\nName\x1b[31m\nq\x00."  # GLOBAL with escape sequences
+    path.write_bytes(archive(body))
+    with pytest.raises(UnsafeCheckpointError) as info:
+        st.load(path)
+    assert "\x1b" not in str(info.value) and "\\x1b" in str(info.value)
+    assert any("\x1b" in n for n in info.value.unsafe_globals)  # the data itself is kept
