@@ -102,10 +102,16 @@ def _not_private(info: os.stat_result) -> Optional[str]:
     return None
 
 
+def _levels(root: str, size: int) -> Tuple[str, str]:
+    """The ledger's directories under ``root`` that hold the entries of one size."""
+    trusted_dir = os.path.join(root, "trusted")
+    return trusted_dir, os.path.join(trusted_dir, str(size))
+
+
 def _levels_private(root: str, entry: Entry) -> bool:
     """Whether ``trusted/`` and ``trusted/<size>/`` under ``root`` are private directories of
     this user (each checked itself, never through a symlink); warns when one is not."""
-    for level in (os.path.join(root, "trusted"), os.path.join(root, "trusted", str(entry.size))):
+    for level in _levels(root, entry.size):
         try:
             problem = _not_private(os.lstat(level))
         except FileNotFoundError:
@@ -128,7 +134,7 @@ def _warn(message: str) -> None:
 
 
 def _entry_path(root: str, entry: Entry) -> str:
-    return os.path.join(root, "trusted", str(entry.size), entry.sha256)
+    return os.path.join(_levels(root, entry.size)[1], entry.sha256)
 
 
 def record(entry: Entry) -> bool:
@@ -138,7 +144,7 @@ def record(entry: Entry) -> bool:
         return False
     path = _entry_path(root, entry)
     try:
-        for level in (os.path.join(root, "trusted"), os.path.dirname(path)):
+        for level in _levels(root, entry.size):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(level, 0o700)
         if not _levels_private(root, entry):
@@ -177,8 +183,7 @@ def may_hold(size: int) -> bool:
     """Whether any trusted file has this size (one ``stat``): else nothing needs hashing."""
     if any(e.size == size for e in _run_entries()):
         return True
-    root = os.path.join(state_dir(), "trusted", str(size))
-    return os.path.isdir(root)
+    return os.path.isdir(_levels(state_dir(), size)[1])
 
 
 def trusted(entry: Entry) -> Optional[str]:
@@ -229,68 +234,85 @@ def _hasher_pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def read_hashed(fh: IO[bytes]) -> Tuple[bytes, Entry]:
-    """Read ``fh`` from its position to the end; return the bytes and their entry.
+class _Digest:
+    """The SHA-256 of pieces in order, each large piece hashed in the hashing thread while the
+    caller does its next read or write (hashlib and file I/O both release the GIL). ``add``
+    waits for the previous piece first; ``wait`` before the caller lets a piece's memory go."""
 
-    The next piece is read while the previous one is hashed (hashlib and file reads both
-    release the GIL), so hashing adds little to the read itself.
-    """
-    digest = hashlib.sha256()
-    pieces: List[bytes] = []
-    pending = None
-    while True:
-        piece = fh.read(_CHUNK)
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._pending: Any = None
+        self.size = 0
+
+    def add(self, piece: Any) -> None:
+        self.wait()
+        self.size += len(piece)
+        if len(piece) >= _PARALLEL:
+            self._pending = _submit(self._sha.update, piece)
+        else:
+            self._sha.update(piece)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
-            pending = None
-        if not piece:
-            break
-        pieces.append(piece)
-        if len(piece) >= _PARALLEL:
-            pending = _submit(digest.update, piece)
-        else:
-            digest.update(piece)
+
+    def entry(self) -> Entry:
+        self.wait()
+        return Entry(self.size, self._sha.hexdigest())
+
+
+def read_hashed(fh: IO[bytes]) -> Tuple[bytes, Entry]:
+    """Read ``fh`` from its position to the end; return the bytes and their entry (each piece
+    is hashed while the next is read)."""
+    digest = _Digest()
+    pieces: List[bytes] = []
+    try:
+        while True:
+            piece = fh.read(_CHUNK)
+            if not piece:
+                break
+            pieces.append(piece)
+            digest.add(piece)
+    finally:
+        digest.wait()
     data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    return data, Entry(len(data), digest.hexdigest())
+    return data, digest.entry()
 
 
 def read_hashed_into(fh: IO[bytes], view: memoryview) -> Entry:
     """Fill the writable byte view ``view`` from ``fh`` and return the entry of those bytes.
 
-    Each piece is hashed in a second thread while the next is read, so the cost is about the
-    larger of reading and hashing. A file shorter or longer than ``view`` raises ``OSError``.
+    Each piece is hashed while the next is read, so the cost is about the larger of reading
+    and hashing. A file shorter or longer than ``view`` raises ``OSError``.
     """
-    digest = hashlib.sha256()
+    digest = _Digest()
     size = len(view)
-    pending = None
-    off = 0
     try:
-        while off < size:
+        while digest.size < size:
+            off = digest.size
             n = fh.readinto(view[off : off + _CHUNK])  # type: ignore[attr-defined]  # a binary file
             if not n:
                 raise OSError(f"the file ended after {off} of its {size} bytes")
-            if pending is not None:
-                pending.result()
-            pending = _submit(digest.update, view[off : off + n])
-            off += n
+            digest.add(view[off : off + n])
         if fh.read(1):
             raise OSError(f"the file grew beyond its {size} bytes while it was read")
     finally:
-        if pending is not None:
-            pending.result()
-    return Entry(size, digest.hexdigest())
+        digest.wait()
+    return digest.entry()
 
 
 def hash_file(fh: IO[bytes]) -> Entry:
-    """The entry of ``fh``'s bytes from its position to the end, read in pieces."""
-    digest = hashlib.sha256()
-    size = 0
-    while True:
-        piece = fh.read(_CHUNK)
-        if not piece:
-            return Entry(size, digest.hexdigest())
-        size += len(piece)
-        digest.update(piece)
+    """The entry of ``fh``'s bytes from its position to the end, read in pieces (not kept)."""
+    digest = _Digest()
+    try:
+        while True:
+            piece = fh.read(_CHUNK)
+            if not piece:
+                return digest.entry()
+            digest.add(piece)
+    finally:
+        digest.wait()
 
 
 class HashingWriter:
@@ -301,7 +323,7 @@ class HashingWriter:
 
     def __init__(self, fh: IO[bytes]) -> None:
         self._fh = fh
-        self._digest: Optional[Any] = None
+        self._digest: Optional[_Digest] = None
         self._written = 0
         self._late = False
 
@@ -309,31 +331,23 @@ class HashingWriter:
         if self._written:
             self._late = True
         elif self._digest is None:
-            self._digest = hashlib.sha256()
+            self._digest = _Digest()
 
     @property
     def late(self) -> bool:
         """Hashing was asked for after bytes had been written."""
         return self._late
 
-    @property
-    def hashing(self) -> bool:
-        return self._digest is not None and not self._late
-
     def write(self, data: Any) -> int:
         digest = self._digest
         if digest is None:
             n = self._fh.write(data)
-        elif len(data) >= _PARALLEL:
-            job = _submit(digest.update, data)
+        else:
+            digest.add(data)  # a large piece is hashed while it is written
             try:
                 n = self._fh.write(data)
             finally:
-                if job is not None:
-                    job.result()
-        else:
-            digest.update(data)
-            n = self._fh.write(data)
+                digest.wait()  # torch's memoryview is valid only during this call
         self._written += len(data)
         return n
 
@@ -343,7 +357,7 @@ class HashingWriter:
     def entry(self) -> Optional[Entry]:
         if self._digest is None or self._late:
             return None
-        return Entry(self._written, self._digest.hexdigest())
+        return self._digest.entry()
 
 
 # --- what was trusted or recorded, for reports ----------------------------------------------

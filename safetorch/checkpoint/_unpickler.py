@@ -434,8 +434,10 @@ def unsafe_globals(names: Iterable[str], extra: Mapping[str, Any]) -> List[str]:
 
 
 def ours_is_stricter(name: str) -> bool:
-    """Globals whose use this unpickler checks more strictly than torch's (numpy's: no object
-    dtype by any path): a file naming one must not be deferred to torch's unpickler."""
+    """Globals whose use this unpickler checks differently from torch's, so a file naming one
+    must not be deferred to torch's unpickler: ``bytearray`` (REDUCE never from an int, which
+    allocates), numpy's (no object dtype by any path; and an allowed ``numpy.dtype`` covers the
+    ``numpy.dtypes.*`` instance it returns, where torch also needs that class listed)."""
     return name == "builtins.bytearray" or name.split(".", 1)[0] == "numpy"
 
 

@@ -667,8 +667,8 @@ def _load(
         and encoding == "utf-8"
         # only torch's list and the user's add_safe_globals, which torch's loader honours too
         and not _unpickler.unsafe_globals(scan.globals, {})
-        and not set(scan.globals) & (set(extra) | _STRICTER_HERE | _WIDER_HERE)
-        # numpy's names (no object dtype by any path) and bytearray: ours is stricter
+        and not set(scan.globals) & set(extra)
+        # bytearray and numpy's names: ours is stricter (see ours_is_stricter)
         and not any(_unpickler.ours_is_stricter(n) for n in scan.globals)
     )
     records = facts.records if facts is not None else None
@@ -706,10 +706,11 @@ def _load_if_trusted(
                     entry = _provenance.read_hashed_into(opened.fh, view)
                 except OSError as exc:
                     raise CheckpointError(f"cannot load checkpoint {name}: {exc}") from None
-                if _provenance.trusted(entry) is None:
+                how = _provenance.trusted(entry)
+                if how is None:
                     return _UNTRUSTED
                 return _trusted_load(
-                    name, entry, lambda: _load_full_in_memory(view, memory, map_location, encoding)
+                    name, how, lambda: _load_full_in_memory(view, memory, map_location, encoding)
                 )
             data, entry = _provenance.read_hashed(opened.fh)
     else:
@@ -720,19 +721,19 @@ def _load_if_trusted(
             return _UNTRUSTED
         data, entry = _provenance.read_hashed(src)
         src.seek(begin)
-    if _provenance.trusted(entry) is None:
+    how = _provenance.trusted(entry)
+    if how is None:
         return _UNTRUSTED
     buffer = io.BytesIO(data)
     result = _trusted_load(
-        name, entry, lambda: _load_full(buffer, map_location, None, False, encoding)
+        name, how, lambda: _load_full(buffer, map_location, None, False, encoding)
     )
     if not _is_path(src):
         src.seek(begin + len(data))
     return result
 
 
-def _trusted_load(name: str, entry: _provenance.Entry, run: Callable[[], Any]) -> Any:
-    how = _provenance.trusted(entry) or "the trust ledger"
+def _trusted_load(name: str, how: str, run: Callable[[], Any]) -> Any:
     logger.info("loading %s fully: its hash is in %s", name, how)
     _provenance.note("loaded", how)
     return _wrap_failures(name, run)
@@ -799,13 +800,6 @@ def load_checked(f: IO[bytes], display: Optional[str] = None) -> Any:
         mmap_for_copy=False,
         display=display,
     )
-
-
-# Globals whose REDUCE ours checks more strictly than torch (bytearray(<int>) allocates).
-_STRICTER_HERE = frozenset({"builtins.bytearray"})
-# Globals whose BUILD ours admits more of than torch: an allowed numpy.dtype covers the
-# numpy.dtypes.* instance it returns (torch also needs type(np.dtype(np.float64)) listed).
-_WIDER_HERE = frozenset({"numpy.dtype"})
 
 
 def _wrap_failures(name: str, run: Callable[[], Any]) -> Any:

@@ -146,8 +146,8 @@ def save(
     ``st.load``'s weights-only policy refuses (a whole ``nn.Module``, numpy arrays, custom
     objects), the SHA-256 of the bytes written is computed while they are written and recorded
     in the user's ledger (no path, only size and hash), so a later ``st.load`` of the same
-    bytes loads them fully, as ``torch.load(weights_only=False)`` would. A state dict is
-    written as ``torch.save`` writes it, nothing hashed. Under ``st.patch()`` / ``safetorch
+    bytes loads them fully, as ``torch.load(weights_only=False)`` would; a state dict is not
+    hashed. Under ``st.patch()`` / ``safetorch
     run``, ``torch.save`` is this function. A custom ``pickle_module`` (``dill``) goes to
     torch untouched and is not recorded. The legacy format
     (``_use_new_zipfile_serialization=False``) is always hashed.
@@ -181,20 +181,20 @@ def save(
             pass
     if formats.is_path(f):
         with open(f, "wb") as fh:
-            entry = _save_through(obj, fh, pickle_protocol, kwargs)
+            entry = _save_through(obj, fh, pickle_protocol, legacy, kwargs)
     else:
-        entry = _save_through(obj, f, pickle_protocol, kwargs)
+        entry = _save_through(obj, f, pickle_protocol, legacy, kwargs)
     if entry is not None:
         _provenance.record(entry)
 
 
 def _save_through(
-    obj: Any, fh: IO[bytes], protocol: int, kwargs: Mapping[str, Any]
+    obj: Any, fh: IO[bytes], protocol: int, legacy: bool, kwargs: Mapping[str, Any]
 ) -> Optional[_provenance.Entry]:
     seekable = getattr(fh, "seekable", None)
     begin = fh.tell() if callable(seekable) and seekable() else None
     writer = _provenance.HashingWriter(fh)
-    if not kwargs.get("_use_new_zipfile_serialization", True):
+    if legacy:
         writer.start()  # the legacy format pickles straight into the file
     with _torch_internals_quiet():
         _torch_save(obj, writer, _deciding_module(writer.start), protocol, **kwargs)  # type: ignore[arg-type]  # a file-like writer (write/flush), which torch.save accepts
