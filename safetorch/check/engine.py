@@ -23,8 +23,13 @@ from typing import (
     Sequence,
     Tuple,
     Type,
+    TypeVar,
     Union,
 )
+
+from safetorch.check.project import Project
+
+T = TypeVar("T")
 
 __all__ = [
     "SAFE",
@@ -200,6 +205,9 @@ class Options:
     Attributes:
         min_torch: The oldest torch release the code supports, as ``(major, minor)``; None
             when unknown (rules then assume an old torch, the cautious side).
+        project_root: The directory named on the command line the file was found under: the
+            project's root when no ``pyproject.toml``/``setup.py``/``.git`` marks one (see
+            :mod:`safetorch.check.project`).
 
     >>> Options(min_torch=(2, 6)).torch_at_least(2, 0)
     True
@@ -208,6 +216,7 @@ class Options:
     """
 
     min_torch: Optional[Tuple[int, int]] = None
+    project_root: Optional[str] = None
 
     def torch_at_least(self, major: int, minor: int) -> bool:
         """True when every supported torch is at least ``major.minor``."""
@@ -287,6 +296,31 @@ class Context:
         # Several rules ask about the same callee; nodes outlive the check, so ids are stable.
         self._qualnames: Dict[int, Optional[str]] = {}
         self._subtrees: Optional[_Subtrees] = None
+        self._project: Optional[Project] = None
+
+    # -- the project ---------------------------------------------------------------------
+    @property
+    def project(self) -> Project:
+        """The project this file belongs to (its other files, parsed on first use)."""
+        if self._project is None:
+            self._project = Project.of(self.path, self.options.project_root)
+        return self._project
+
+    def project_facts(self, key: str, gather: Callable[[ast.Module, str], T]) -> Dict[str, T]:
+        """``gather(tree, path)`` for every file of the project, this one included as it is
+        now (its text may be mid-fix), keyed by the path relative to the project root.
+
+        >>> def loads(tree, path):
+        ...     return sum(isinstance(n, ast.Call) for n in ast.walk(tree))
+        >>> Context("m.py", "f(g())\\n").project_facts("calls", loads)
+        {'m.py': 2}
+        """
+        found = dict(self.project.facts(key, gather))
+        mine = "project:" + key
+        if mine not in self.cache:
+            self.cache[mine] = gather(self.tree, self.project.relpath(self.path))
+        found[self.project.relpath(self.path)] = self.cache[mine]
+        return found
 
     # -- the tree ------------------------------------------------------------------------
     @property

@@ -86,8 +86,10 @@ def _select(
     return found
 
 
-def _options(settings: Optional[Settings]) -> Options:
-    return Options(min_torch=None if settings is None else settings.min_torch)
+def _options(settings: Optional[Settings], project_root: Optional[str] = None) -> Options:
+    return Options(
+        min_torch=None if settings is None else settings.min_torch, project_root=project_root
+    )
 
 
 def check_source(
@@ -284,6 +286,7 @@ def check_file(
     *,
     unsafe_fixes: bool = False,
     settings: Optional[Settings] = None,
+    project_root: Optional[str] = None,
 ) -> FileResult:
     """Check one file; with ``fix`` compute its fixed text, with ``write`` also save it.
 
@@ -298,6 +301,8 @@ def check_file(
         write: Write the fixed text back (atomically); needs ``fix``.
         unsafe_fixes: Also apply the fixes that change behaviour.
         settings: Project settings (``[tool.safetorch]``).
+        project_root: The directory named on the command line the file was found under
+            (the project's root where nothing marks one; see :mod:`safetorch.check.project`).
 
     Returns:
         A ``FileResult``.
@@ -312,7 +317,7 @@ def check_file(
     (1, 'y = x.detach().clone().add_(1)\\n')
     """
     with _gc_paused():
-        return _check_file(path, select, ignore, fix, write, unsafe_fixes, settings)
+        return _check_file(path, select, ignore, fix, write, unsafe_fixes, settings, project_root)
 
 
 @contextlib.contextmanager
@@ -340,6 +345,7 @@ def _check_file(
     write: bool,
     unsafe_fixes: bool,
     settings: Optional[Settings],
+    project_root: Optional[str] = None,
 ) -> FileResult:
     rules, syntax = _select(select, ignore, settings, path)
     try:
@@ -349,7 +355,9 @@ def _check_file(
     except (UnicodeDecodeError, SyntaxError) as exc:
         diag = Diagnostic(path, 1, 1, 1, 1, SYNTAX_ERROR_CODE, f"cannot decode file: {exc}")
         return FileResult(path, [diag] if syntax else [])
-    return _check_text(source, path, rules, syntax, fix, unsafe_fixes, settings, encoding, write)
+    return _check_text(
+        source, path, rules, syntax, fix, unsafe_fixes, settings, encoding, write, project_root
+    )
 
 
 def _check_text(
@@ -362,8 +370,9 @@ def _check_text(
     settings: Optional[Settings],
     encoding: str = "utf-8",
     write: bool = False,
+    project_root: Optional[str] = None,
 ) -> FileResult:
-    options = _options(settings)
+    options = _options(settings, project_root)
     if not fix:
         found = analyze(source, path, rules, keep_syntax_errors=syntax, options=options)
         return FileResult(path, found)
@@ -394,13 +403,20 @@ def check_text(
         return _check_text(source, path, rules, syntax, fix, unsafe_fixes, settings)
 
 
-_Job = Tuple[str, Codes, Codes, bool, bool, bool, Optional[Settings]]
+_Job = Tuple[str, Codes, Codes, bool, bool, bool, Optional[Settings], Optional[str]]
 
 
 def _check_file_job(args: _Job) -> FileResult:
-    path, select, ignore, fix, write, unsafe_fixes, settings = args
+    path, select, ignore, fix, write, unsafe_fixes, settings, root = args
     return check_file(
-        path, select, ignore, fix, write, unsafe_fixes=unsafe_fixes, settings=settings
+        path,
+        select,
+        ignore,
+        fix,
+        write,
+        unsafe_fixes=unsafe_fixes,
+        settings=settings,
+        project_root=root,
     )
 
 
@@ -449,8 +465,13 @@ def check_paths(
     _select(select, ignore, settings)  # fail on a bad code before starting workers
     for _pattern, codes in settings.per_file_ignores if settings else ():
         select_rules(None, codes)
-    files = list(iter_python_files(paths, settings=settings, force_exclude=force_exclude))
-    job_args: List[_Job] = [(p, select, ignore, fix, write, unsafe_fixes, settings) for p in files]
+    job_args: List[_Job] = []
+    for top in paths:
+        # The directory a file was found under is its project where nothing else marks one.
+        root = top if os.path.isdir(top) else None
+        for p in iter_python_files([top], settings=settings, force_exclude=force_exclude):
+            job_args.append((p, select, ignore, fix, write, unsafe_fixes, settings, root))
+    files = [a[0] for a in job_args]
     if jobs <= 1 or len(files) <= 1:
         return [_check_file_job(a) for a in job_args]
     import multiprocessing
