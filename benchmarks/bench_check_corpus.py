@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import platform
@@ -183,25 +184,100 @@ def rule_groups() -> Dict[str, str]:
     return {code: ("preview" if info.preview else "default") for code, info in RULE_TABLE.items()}
 
 
-def print_rule_table(per_code: Dict[str, Counter], groups: Dict[str, str]) -> None:
-    print("| rule | group | findings | TP | FP | unlabelled | precision |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    totals: Dict[str, Counter] = defaultdict(Counter)
-    for code in sorted(set(per_code) | {c for c in groups if c != "ST000"}):
-        c = per_code.get(code, Counter())
+def split_half(repo: str) -> str:
+    """The half a repository added after the first twelve belongs to, by the fixed rule of
+    ``check_corpus/README.md``: development when the first hex digit of
+    sha256(``owner/name``) is 0-3, held-out otherwise.
+
+    >>> split_half("karpathy/minGPT"), split_half("facebookresearch/detr")
+    ('dev', 'held-out')
+    """
+    return "dev" if hashlib.sha256(repo.encode()).hexdigest()[0] in "0123" else "held-out"
+
+
+# The twelve repositories labelled before the split existed: tuned on, so development.
+FIRST_TWELVE = 12
+BAR, BAR_FINDINGS = 97.0, 5
+
+
+def halves(repos: Sequence[Dict[str, str]]) -> Dict[str, str]:
+    """directory -> half, checking each row's ``half`` column against the rule."""
+    found = {}
+    for i, r in enumerate(repos):
+        want = "dev" if i < FIRST_TWELVE else split_half(r["repo"])
+        if r["half"] != want:
+            raise SystemExit(f"corpus.tsv: {r['repo']} is marked {r['half']}, the rule says {want}")
+        found[r["directory"]] = want
+    return found
+
+
+def by_half(
+    findings: Iterable[Tuple[str, int, str]], half_of: Dict[str, str]
+) -> Dict[str, List[Tuple[str, int, str]]]:
+    out: Dict[str, List[Tuple[str, int, str]]] = {"dev": [], "held-out": []}
+    for f in findings:
+        out[half_of[split_path(f[0])[0]]].append(f)
+    return out
+
+
+def verdict(c: Counter) -> str:
+    judged = c["TP"] + c["FP"]
+    if judged < BAR_FINDINGS:
+        return f"n<{BAR_FINDINGS}"
+    return "meets bar" if 100 * c["TP"] / judged >= BAR else "below bar"
+
+
+def print_rule_table(
+    per_half: Dict[str, Dict[str, Counter]], groups: Dict[str, str], with_group: bool = True
+) -> Dict[str, Dict[str, Counter]]:
+    """One row per rule: findings, TP, FP, unlabelled and precision on each half."""
+    head = "| rule | group |" if with_group else "| rule |"
+    print(
+        head + " dev findings | dev TP | dev FP | dev precision |"
+        " held-out findings | TP | FP | unlabelled | held-out precision | held-out verdict |"
+    )
+    print(
+        "|---|"
+        + ("---|" if with_group else "")
+        + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    )
+    totals: Dict[str, Dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    codes = set(per_half["dev"]) | set(per_half["held-out"])
+    if with_group:
+        codes |= {c for c in groups if c != "ST000"}
+    for code in sorted(codes):
+        d, h = per_half["dev"].get(code, Counter()), per_half["held-out"].get(code, Counter())
         group = groups.get(code, "-")
         if code != "ST000":
-            totals[group].update(c)
+            totals[group]["dev"].update(d)
+            totals[group]["held-out"].update(h)
+        cells = f"| {code} | {group} |" if with_group else f"| {code} |"
         print(
-            f"| {code} | {group} | {c['findings']} | {c['TP']} | {c['FP']} | "
-            f"{c['unlabelled']} | {precision(c)} |"
+            f"{cells} {d['findings']} | {d['TP']} | {d['FP']} | {precision(d)} | "
+            f"{h['findings']} | {h['TP']} | {h['FP']} | {h['unlabelled']} | {precision(h)} | "
+            f"{verdict(h) if code != 'ST000' else '-'} |"
         )
-    for group in ("default", "preview"):
-        c = totals[group]
+    for group in sorted(totals):
+        d, h = totals[group]["dev"], totals[group]["held-out"]
+        label = f"**{group} set**" if with_group else "**all**"
         print(
-            f"| **{group} set** | | **{c['findings']}** | {c['TP']} | {c['FP']} | "
-            f"{c['unlabelled']} | **{precision(c)}** |"
+            f"| {label} |{' |' if with_group else ''} **{d['findings']}** | {d['TP']} | "
+            f"{d['FP']} | **{precision(d)}** | **{h['findings']}** | {h['TP']} | {h['FP']} | "
+            f"{h['unlabelled']} | **{precision(h)}** | {verdict(h)} |"
         )
+    return totals
+
+
+def score_halves(
+    findings: Sequence[Tuple[str, int, str]],
+    labels: Dict[Key, Tuple[str, str]],
+    half_of: Dict[str, str],
+) -> Tuple[Dict[str, Dict[str, Counter]], List[Key]]:
+    per_half, missing = {}, []
+    for half, found in by_half(findings, half_of).items():
+        per_half[half], unlabelled = score(found, labels)
+        missing += unlabelled
+    return per_half, missing
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -213,14 +289,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--findings", type=Path, help="score this saved `--output-format json` output instead"
     )
+    parser.add_argument(
+        "--no-timing", action="store_true", help="skip the one-file timings (faster)"
+    )
     args = parser.parse_args(argv)
 
     repos = read_tsv(DATA / "corpus.tsv")
+    half_of = halves(repos)
     present = [r for r in repos if (args.corpus / r["directory"]).is_dir()]
     if not present:
         print(
             f"corpus not found under {args.corpus}: extract the repositories of "
-            f"{DATA / 'corpus.tsv'} there (see this script's docstring); nothing measured."
+            f"{DATA / 'corpus.tsv'} there (see check_corpus/README.md); nothing measured."
         )
         return 0
     for r in repos:
@@ -228,6 +308,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"note: {r['repo']} missing under {args.corpus}; its labels are not used.")
     dirs = {r["repo"]: r["directory"] for r in repos}
     labels = read_labels(DATA / "labels.tsv", dirs)
+    labels.update(read_labels(DATA / "labels_heldout.tsv", dirs))
     files = corpus_files(args.corpus, present)
     lines = count_lines(args.corpus, files)
     load = os.getloadavg()[0]
@@ -236,45 +317,57 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{platform.python_version()}; load average {load:.1f} at start; "
         f"{time.strftime('%Y-%m-%d')}.\n"
     )
-    print("| repository | commit | files | lines |")
-    print("|---|---|---:|---:|")
+    print("| repository | half | commit | files | lines |")
+    print("|---|---|---|---:|---:|")
+    size: Dict[str, Counter] = defaultdict(Counter)
     for r in present:
         n = [f for f in files if f.startswith(r["directory"] + "/")]
-        print(f"| {r['repo']} | {r['commit'][:12]} | {len(n)} | {count_lines(args.corpus, n)} |")
-    print(f"| **total** | | **{len(files)}** | **{lines}** |\n")
+        n_lines = count_lines(args.corpus, n)
+        size[r["half"]].update(repos=1, files=len(n), lines=n_lines)
+        print(f"| {r['repo']} | {r['half']} | {r['commit'][:12]} | {len(n)} | {n_lines} |")
+    for half in ("dev", "held-out"):
+        s = size[half]
+        print(
+            f"| **{half}: {s['repos']} repositories** | | | **{s['files']}** | **{s['lines']}** |"
+        )
+    print()
 
     groups = rule_groups()
     if args.findings is not None:
         saved = json.loads(args.findings.read_text())
-        per_code, unlabelled = score(((d["path"], d["line"], d["code"]) for d in saved), labels)
+        found = [(d["path"], d["line"], d["code"]) for d in saved]
+        per_half, _ = score_halves(found, labels, half_of)
         print(f"Scored {args.findings} (not run now):\n")
-        print_rule_table(per_code, groups)
+        print_rule_table(per_half, groups)
         return 0
 
-    df_wall, df_cpu, df_found = run_safetorch(args.corpus, files, args.jobs, None)
-    st_wall, st_cpu, st_found = run_safetorch(args.corpus, files, args.jobs, "ALL,PREVIEW")
+    # One path per repository: each is its own project (cross-file rules look inside it).
+    roots = [r["directory"] for r in present]
+    df_wall, df_cpu, df_found = run_safetorch(args.corpus, roots, args.jobs, None)
+    st_wall, st_cpu, st_found = run_safetorch(args.corpus, roots, args.jobs, "ALL,PREVIEW")
     st_keys = [(d["path"], d["line"], d["code"]) for d in st_found]
-    per_code, unlabelled = score(st_keys, labels)
-    print(f"`safetorch check --select ALL,PREVIEW -j {args.jobs}` on the corpus:\n")
-    print_rule_table(per_code, groups)
+    per_half, unlabelled = score_halves(st_keys, labels, half_of)
+    print(f"`safetorch check --select ALL,PREVIEW -j {args.jobs}`, per rule, both halves:\n")
+    totals = print_rule_table(per_half, groups)
     if unlabelled:
-        print(f"\n{len(unlabelled)} finding(s) without a label (add them to labels.tsv):")
+        print(f"\n{len(unlabelled)} finding(s) without a label (label them once):")
         for key in unlabelled:
             print(f"- {key[0]}/{key[1]}:{key[2]} {key[3]}")
-
-    df_per_code, _ = score(((d["path"], d["line"], d["code"]) for d in df_found), labels)
-    df: Counter = Counter()
-    for code, c in df_per_code.items():
-        if code != "ST000":
-            df.update(c)
+    df_keys = [(d["path"], d["line"], d["code"]) for d in df_found]
+    df_half, _ = score_halves(df_keys, labels, half_of)
+    df: Dict[str, Counter] = {h: Counter() for h in df_half}
+    for half, per_code in df_half.items():
+        for code, c in per_code.items():
+            if code != "ST000":
+                df[half].update(c)
+    print(
+        f"\nDefault set as run (no --select): dev {precision(df['dev'])} of "
+        f"{df['dev']['findings']}, held-out {precision(df['held-out'])} of "
+        f"{df['held-out']['findings']}."
+    )
+    del totals
     rows = [
-        (
-            f"safetorch check -j {args.jobs} (default set)",
-            len(df_found),
-            precision(df),
-            df_wall,
-            df_cpu,
-        ),
+        (f"safetorch check -j {args.jobs} (default set)", len(df_found), df, df_wall, df_cpu),
         (
             f"safetorch check --select ALL,PREVIEW -j {args.jobs}",
             len(st_found),
@@ -286,17 +379,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     tf_cpu = None
     if args.torchfix:
         tf_labels = read_labels(DATA / "torchfix_labels.tsv", dirs)
-        tf_wall, tf_cpu, tf_found = run_torchfix(args.torchfix, args.corpus, files)
-        tf_per_code, tf_unlabelled = score(tf_found, tf_labels)
-        print(f"\n`torchfix --select ALL -j 1` on the same {len(files)} files:\n")
-        print("| rule | findings | TP | FP | unlabelled | precision | same pitfall as |")
-        print("|---|---:|---:|---:|---:|---:|---|")
-        for code in sorted(tf_per_code):
-            c = tf_per_code[code]
-            print(
-                f"| {code} | {c['findings']} | {c['TP']} | {c['FP']} | {c['unlabelled']} | "
-                f"{precision(c)} | {_SAME_PITFALL.get(code, '-')} |"
-            )
+        tf_labels.update(read_labels(DATA / "torchfix_labels_heldout.tsv", dirs))
+        tf_wall, tf_cpu, tf_found = run_torchfix(args.torchfix, args.corpus, roots)
+        tf_half, tf_unlabelled = score_halves(tf_found, tf_labels, half_of)
+        print(f"\n`torchfix --select ALL -j 1` on the same {len(files)} files, both halves:\n")
+        tf_totals = print_rule_table(tf_half, {}, with_group=False)
         for tor, st in _SAME_PITFALL.items():
             ours = {(split_path(p), n) for p, n, c in st_keys if c == st}
             theirs = {(split_path(p), n) for p, n, c in tf_found if c == tor}
@@ -305,11 +392,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{len(ours - theirs)}, only {tor} {len(theirs - ours)}."
             )
         if tf_unlabelled:
-            print(f"\n{len(tf_unlabelled)} TorchFix finding(s) without a label.")
-        tf: Counter = Counter()
-        for c in tf_per_code.values():
-            tf.update(c)
-        rows.append(("torchfix --select ALL -j 1", len(tf_found), precision(tf), tf_wall, tf_cpu))
+            print(f"\n{len(tf_unlabelled)} TorchFix finding(s) without a label:")
+            for key in tf_unlabelled:
+                print(f"- {key[0]}/{key[1]}:{key[2]} {key[3]}")
+        tf = {h: tf_totals["-"][h] for h in ("dev", "held-out")}
+        rows.append(("torchfix --select ALL -j 1", len(tf_found), tf, tf_wall, tf_cpu))
     if args.ruff:
         codes = ruff_overlaps(args.ruff)
         if not codes:
@@ -320,20 +407,28 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         else:
             cmd = [args.ruff, "check", "--isolated", "--exit-zero", "--select", ",".join(codes)]
-            r_wall, r_cpu, out = timed(cmd + ["--output-format", "concise", *files], args.corpus)
-            found = [ln for ln in out.splitlines() if _FLAKE8.match(ln)]
-            print(f"\nruff --select {','.join(codes)}: {len(found)} finding(s).")
-            rows.append((f"ruff check --select {','.join(codes)}", len(found), "-", r_wall, r_cpu))
+            r_wall, r_cpu, out = timed(cmd + ["--output-format", "concise", *roots], args.corpus)
+            found_r = [ln for ln in out.splitlines() if _FLAKE8.match(ln)]
+            print(f"\nruff --select {','.join(codes)}: {len(found_r)} finding(s).")
+            rows.append(
+                (f"ruff check --select {','.join(codes)}", len(found_r), None, r_wall, r_cpu)
+            )
 
-    print("\n| run | findings | precision | wall s | CPU s | lines per CPU s | CPU vs TorchFix |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| run | findings | dev precision | held-out precision | wall s | CPU s |"
+        " lines per CPU s | CPU vs TorchFix |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, count, prec, wall, cpu in rows:
-        ratio = f"{tf_cpu / cpu:.0f}x" if tf_cpu and cpu else "-"
+        ratio = f"{tf_cpu / cpu:.1f}x" if tf_cpu and cpu else "-"
+        dev = precision(prec["dev"]) if prec else "(per rule above)"
+        held = precision(prec["held-out"]) if prec else "(per rule above)"
         print(
-            f"| {name} | {count} | {prec or '(per rule above)'} | {wall:.2f} | {cpu:.2f} | "
+            f"| {name} | {count} | {dev} | {held} | {wall:.2f} | {cpu:.2f} | "
             f"{lines / cpu:,.0f} | {ratio} |"
         )
-
+    if args.no_timing:
+        return 0
     by_size = sorted(files, key=lambda f: (args.corpus / f).stat().st_size)
     print("\nOne file, end to end (`safetorch check FILE`, process start included, 3 runs):\n")
     print("| file | lines | wall s | CPU s |")
