@@ -43,6 +43,14 @@ _NOT_WORK = frozenset(
 _WORK_METHODS = frozenset({"backward", "step", "forward", "cuda", "to", "zero_grad"})
 
 
+# Methods that run a model (a forward): the main work of an interval. Any other method of a
+# name bound to something on CUDA (``x.squeeze()``, ``model.eval()``) is work, but not the
+# main work (a model called directly, ``model(x)``, is).
+_FORWARD_METHODS = frozenset(
+    {"forward", "generate", "predict", "inference", "encode", "decode", "sample"}
+)
+
+
 # torch.* calls that launch no kernels (queries, modes, I/O that syncs on its own).
 _NOT_COMPUTE = (
     "torch.cuda.",
@@ -58,6 +66,9 @@ _NOT_COMPUTE = (
     "torch.utils.",
     "torch.distributed.",
 )
+
+# What one event of a scope is, once calls are judged.
+_SYNC, _WORK, _MAJOR = "sync", "work", "major"
 
 
 def _moved_to_device(node: ast.AST) -> Optional[ast.expr]:
@@ -97,15 +108,17 @@ def _root_name(node: ast.AST) -> Optional[str]:
 class _Interval:
     """The events of one function in source order, for ST006's dataflow (one per scope)."""
 
-    __slots__ = ("defs", "uses", "pairs", "work", "syncs", "loops")
+    __slots__ = ("defs", "uses", "pairs", "syncs", "calls", "local", "loops", "events")
 
     def __init__(self) -> None:
         self.defs: Dict[str, List[Tuple[Pos, ast.Call]]] = {}  # var -> timer readings bound
         self.uses: List[Tuple[str, Pos, ast.Call]] = []  # time.x() - var
         self.pairs: List[Tuple[str, str]] = []  # end_var - start_var
-        self.work: List[Pos] = []
-        self.syncs: List[Pos] = []
+        self.syncs: List[Pos] = []  # what waits for the GPU by itself
+        self.calls: List[Tuple[Pos, ast.Call]] = []  # calls that may launch work
+        self.local: Dict[int, str] = {}  # id(call) -> f / self.f: a function of the file
         self.loops: List[Tuple[Pos, Pos]] = []  # (start, end) of each loop body
+        self.events: List[Tuple[Pos, str]] = []  # judged: (position, _SYNC / _WORK / _MAJOR)
 
 
 def _looks_like_device(node: ast.AST) -> bool:
@@ -121,7 +134,7 @@ def _looks_like_device(node: ast.AST) -> bool:
 
 
 def _is_blocking_copy(node: ast.Call) -> bool:
-    """``x.cuda()`` / ``x.to(device)`` without ``non_blocking=True``."""
+    """``x.cuda()`` / ``x.to(device)`` / ``x.to("cpu")`` without ``non_blocking=True``."""
     func = node.func
     if not isinstance(func, ast.Attribute) or func.attr not in ("cuda", "to"):
         return False
@@ -137,16 +150,46 @@ def _is_blocking_copy(node: ast.Call) -> bool:
     return _looks_like_device(node.args[0])
 
 
-def _prints_a_value(node: ast.Call) -> bool:
-    """``print(loss)`` / ``print(f"{loss}")``: formatting a tensor copies it to the host."""
-    for arg in node.args:
-        values = arg.values if isinstance(arg, ast.JoinedStr) else [arg]
-        for value in values:
-            if isinstance(value, ast.FormattedValue):
-                value = value.value
-            if not isinstance(value, ast.Constant):
+def _formats_a_value(values: List[ast.expr]) -> bool:
+    """Whether formatting ``values`` reads one that is not a literal: formatting a tensor
+    (``print(loss)``, ``f"{loss:.3f}"``, ``"%.3f" % loss``) copies it to the host."""
+    for value in values:
+        if isinstance(value, ast.JoinedStr):
+            if _formats_a_value(
+                [v.value for v in value.values if isinstance(v, ast.FormattedValue)]
+            ):
                 return True
+        elif isinstance(value, ast.Starred):
+            return True
+        elif not isinstance(value, ast.Constant):
+            return True
     return False
+
+
+def _string_format(node: ast.AST) -> bool:
+    """``"..." % value`` / ``"...".format(value)`` / ``f"{value}"`` with a non-literal value."""
+    if isinstance(node, ast.JoinedStr):
+        return _formats_a_value([node])
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        left = node.left
+        if isinstance(left, ast.Constant) and isinstance(left.value, str):
+            right = node.right
+            values = right.elts if isinstance(right, ast.Tuple) else [right]
+            return _formats_a_value(list(values))
+        return False
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        base = node.func.value
+        if node.func.attr == "format" and isinstance(base, ast.Constant):
+            return isinstance(base.value, str) and (
+                _formats_a_value(node.args) or bool(node.keywords)
+            )
+    return False
+
+
+def _scheduler_like(node: ast.AST) -> bool:
+    """``scheduler`` / ``self.lr_sched``: an object whose ``.step()`` sets a learning rate."""
+    name = (_root_name(node) or "").lower()
+    return "sched" in name or "lr" in name.split(".")[-1]
 
 
 class UnsyncedCudaTiming(Rule):
@@ -158,31 +201,34 @@ class UnsyncedCudaTiming(Rule):
     The rule follows each interval through the function's dataflow: a reading bound to a
     variable (``t0 = time.time()``) starts an interval, and ``time.time() - t0`` (or
     ``t1 - t0``) ends it. It reports the end reading only when, between the two readings of
-    that interval, CUDA work is launched (a call on a model or tensor the code moved to CUDA,
+    that interval, CUDA work is launched (a call of a model or tensor the code moved to CUDA,
     ``.backward()``, ``optimizer.step()``, ``torch.*`` compute, in a function that uses
-    CUDA) and nothing waits for the GPU: ``torch.cuda.synchronize()``, an event's or stream's
+    CUDA) and nothing waits for the GPU after it. These wait: ``torch.cuda.synchronize()``
+    (or a name bound to it, ``sync = torch.cuda.synchronize``), an event's or stream's
     ``.synchronize()``, a host copy (``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``,
-    ``float(t)``), printing a value, a blocking copy to the device (``x.cuda()``,
+    ``float(t)``, ``int(t)``, ``x.to("cpu")``), printing or formatting a value
+    (``f"{loss:.3f}"``, ``"%.3f" % loss``), a blocking copy to the device (``x.cuda()``,
     ``x.to(device)`` without ``non_blocking=True``), or a call of a function of the file
-    that does one of these itself (one level, ``validate(...)``, ``self.log_step()``). Loops are understood: an interval that spans the
-    iteration boundary (``prev = time.time()`` at the end of the body, ``time.time() - prev``
-    at the top) is per-iteration timing, correct on average when the loop body syncs
-    anywhere (an ETA line in a loop that logs ``loss.item()``), and so is a cumulative reading
-    in a loop against a start before it (``time.time() - start_time`` for an ETA); data-loading
-    intervals (from the end of one iteration to the top of the next) launch no CUDA work.
+    whose last CUDA interaction is one of these (``validate(...)``, ``self.log_step()``,
+    followed through the file's own functions).
+
+    An interval that already synchronizes after its main work (a model's forward,
+    ``.backward()``, an optimizer's step) is not a finding when only tensor arithmetic
+    follows the wait (post-processing of a synchronized forward). Loops are understood: a
+    loop inside the interval whose body waits for the GPU synchronizes every iteration but
+    the last (an epoch timed around a loop that logs ``loss.item()``); an interval that
+    spans the iteration boundary (``prev = time.time()`` at the end of the body,
+    ``time.time() - prev`` at the top) is per-iteration timing, correct on average when the
+    loop body syncs anywhere, and so is a cumulative reading in a loop against a start before
+    it (``time.time() - start_time`` for an ETA); data-loading intervals (from the end of one
+    iteration to the top of the next) launch no CUDA work.
 
     Fix (manual): call ``torch.cuda.synchronize()`` before the second reading, or time with
     CUDA events.
 
-    Preview: 4 of 8 findings (50%) were right on the labelled corpus of real repositories
-    (``benchmarks/check_corpus``); the others time whole trainings or exports, whose
-    iterations save, validate and log values (they synchronize) out of its sight.
-
     safetorch: ``st.cuda_timer`` (events, synchronizes once at the end).
     """
 
-    # Opt-in: 4 of 8 findings right on the labelled corpus (benchmarks/check_corpus).
-    preview = True
     code = "ST006"
 
     name = "unsynced-cuda-timing"
@@ -193,6 +239,7 @@ class UnsyncedCudaTiming(Rule):
         ast.Attribute,
         ast.Assign,
         ast.BinOp,
+        ast.JoinedStr,
         ast.For,
         ast.AsyncFor,
         ast.While,
@@ -203,8 +250,6 @@ class UnsyncedCudaTiming(Rule):
         self._cuda_scopes: Set[int] = set()
         self._any_timer = False
         self._scopes: Dict[int, _Interval] = {}
-        self._work_calls: Dict[int, List[Tuple[Pos, ast.Call]]] = {}  # judged in finish()
-        self._local_calls: Dict[int, List[Tuple[Pos, str]]] = {}  # f(...) / self.f(...)
 
     def _events(self) -> _Interval:
         key = id(self.ctx.scope)
@@ -219,6 +264,26 @@ class UnsyncedCudaTiming(Rule):
             return node
         return None
 
+    def _sync_aliases(self) -> Set[str]:
+        """Names the file binds to a synchronize function without calling it
+        (``sync = torch.cuda.synchronize``, ``sync = getattr(torch, dev).synchronize``)."""
+        names = self.ctx.cache.get("st006_sync_aliases")
+        if names is None:
+            names = set()
+            if "synchronize" in self.ctx.source:
+                for node in self.ctx.walk(self.ctx.tree):
+                    if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                        continue
+                    value = node.value
+                    if (
+                        isinstance(value, ast.Attribute) and value.attr == "synchronize"
+                    ) or self.ctx.qualname(value) in _SYNC_FUNCS:
+                        key = var_key(node.targets[0])
+                        if key is not None:
+                            names.add(key)
+            self.ctx.cache["st006_sync_aliases"] = names
+        return names
+
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, ast.Call):
             self._visit_call(node)
@@ -230,6 +295,9 @@ class UnsyncedCudaTiming(Rule):
                     events = self._events()
                     events.defs.setdefault(key, []).append((end_of(timer), timer))
         elif isinstance(node, ast.BinOp):
+            if _string_format(node):
+                self._events().syncs.append(end_of(node))
+                return
             if not isinstance(node.op, ast.Sub):
                 return
             start = var_key(node.right)
@@ -242,6 +310,9 @@ class UnsyncedCudaTiming(Rule):
                 end = var_key(node.left)
                 if end is not None:
                     self._events().pairs.append((end, start))
+        elif isinstance(node, ast.JoinedStr):
+            if _string_format(node):
+                self._events().syncs.append(end_of(node))
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
             self._events().loops.append((start_of(node.body[0]), end_of(node.body[-1])))
         elif _is_cuda_marker(node):
@@ -253,28 +324,34 @@ class UnsyncedCudaTiming(Rule):
         if qual in _TIMERS:
             self._any_timer = True
             return
-        if qual in _SYNC_FUNCS or (isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS):
-            self._events().syncs.append(end_of(node))
+        events = self._events()
+        if (
+            qual in _SYNC_FUNCS
+            or (isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS)
+            or var_key(func) in self._sync_aliases()
+            or _string_format(node)
+        ):
+            events.syncs.append(end_of(node))
             return
         if _is_blocking_copy(node):
-            # A copy without non_blocking=True waits for the GPU (a host-to-device copy from
-            # pageable memory synchronizes the stream before it starts).
-            self._events().syncs.append(end_of(node))
+            # A copy without non_blocking=True waits for the GPU: torch synchronizes the
+            # stream after a blocking copy between host and device (memcpy_and_sync).
+            events.syncs.append(end_of(node))
             return
         callee = var_key(func)
         if callee is not None and (qual is None or qual == callee):
-            self._local_calls.setdefault(id(self.ctx.scope), []).append((end_of(node), callee))
+            events.local[id(node)] = callee
         if isinstance(func, ast.Name):
-            if func.id == "print" and _prints_a_value(node):
-                self._events().syncs.append(end_of(node))
+            if func.id == "print" and _formats_a_value(node.args):
+                events.syncs.append(end_of(node))
                 return
             if func.id in ("float", "int", "bool") and node.args:
                 if not isinstance(node.args[0], ast.Constant):
-                    self._events().syncs.append(end_of(node))
+                    events.syncs.append(end_of(node))
                 return
             if func.id in _NOT_WORK:
                 return
-        self._work_calls.setdefault(id(self.ctx.scope), []).append((end_of(node), node))
+        events.calls.append((end_of(node), node))
 
     # -- which calls launch CUDA work --------------------------------------------------------
     def _cuda_names(self) -> Set[str]:
@@ -303,53 +380,96 @@ class UnsyncedCudaTiming(Rule):
             self.ctx.cache["cuda_names"] = names
         return names
 
-    def _launches_cuda_work(self, call: ast.Call, cuda_scope: bool) -> bool:
+    def _work_kind(self, call: ast.Call, cuda_scope: bool) -> Optional[str]:
+        """``_MAJOR`` for a model's forward, ``.backward()`` or an optimizer's step,
+        ``_WORK`` for other CUDA work (tensor arithmetic, bookkeeping), None for no work."""
         func = call.func
         names = self._cuda_names()
-        for part in (func, *call.args, *(k.value for k in call.keywords)):
-            if _root_name(part) in names:
-                return True
+        method = func.attr if isinstance(func, ast.Attribute) else None
+        if method == "backward" and cuda_scope:
+            return _MAJOR
+        if method == "step" and cuda_scope and isinstance(func, ast.Attribute):
+            return _WORK if _scheduler_like(func.value) else _MAJOR
+        if _root_name(func) in names:
+            # model(x), self.net(x), model.generate(x): a forward; x.squeeze(): arithmetic
+            forward = var_key(func) is not None or method in _FORWARD_METHODS
+            return _MAJOR if forward else _WORK
+        if any(_root_name(a) in names for a in (*call.args, *(k.value for k in call.keywords))):
+            return _WORK
         if not cuda_scope:
-            return False
-        if isinstance(func, ast.Attribute) and func.attr in _WORK_METHODS:
-            return True
+            return None
+        if method in _WORK_METHODS:
+            return _WORK
         qual = self.ctx.qualname(func) or ""
-        return qual.startswith("torch.") and not qual.startswith(_NOT_COMPUTE)
+        if qual.startswith("torch.") and not qual.startswith(_NOT_COMPUTE):
+            return _WORK
+        return None
 
     # -- judging ---------------------------------------------------------------------------
-    def _syncing_functions(self) -> Set[str]:
-        """Functions of this file (``f``, and methods as ``self.f``) whose own body waits for
-        the GPU: a call to one is a synchronization point one level up."""
-        names: Set[str] = set()
+    def _functions(self) -> Dict[str, List[int]]:
+        """The file's functions by the name a call reaches them with (``f``, methods as
+        ``self.f``): name -> scope ids."""
+        found: Dict[str, List[int]] = {}
         for node in self.ctx.walk(self.ctx.tree):
-            if not isinstance(node, FUNCTION_DEFS):
-                continue
-            events = self._scopes.get(id(node))
-            if events is not None and events.syncs:
+            if isinstance(node, FUNCTION_DEFS):
                 params = node.args.posonlyargs + node.args.args
                 method = bool(params) and params[0].arg == "self"
-                names.add(("self." if method else "") + node.name)
-        return names
+                found.setdefault(("self." if method else "") + node.name, []).append(id(node))
+        return found
+
+    def _judge(self, scope: int, events: _Interval, summaries: Dict[str, str]) -> None:
+        """Fill ``events.events``: each sync, and each call's work, in source order; a call
+        of a function of the file counts as what that function's last CUDA interaction is."""
+        cuda_scope = scope in self._cuda_scopes
+        judged = [(pos, _SYNC) for pos in events.syncs]
+        for pos, call in events.calls:
+            name = events.local.get(id(call))
+            kind = summaries.get(name) if name is not None else None
+            if kind is None:
+                kind = self._work_kind(call, cuda_scope)
+            if kind is not None:
+                judged.append((pos, kind))
+        judged.sort()
+        events.events = judged
+
+    @staticmethod
+    def _summary(events: _Interval) -> Optional[str]:
+        """What a call of a function with these events amounts to: ``_SYNC`` when its last
+        CUDA interaction waits for the GPU, ``_MAJOR`` / ``_WORK`` when work is left running."""
+        last_sync = max((p for p, k in events.events if k == _SYNC), default=None)
+        tail = [k for p, k in events.events if k != _SYNC and (last_sync is None or p > last_sync)]
+        if _MAJOR in tail:
+            return _MAJOR
+        if tail:
+            return _WORK
+        return _SYNC if last_sync is not None else None
+
+    def _summarize(self) -> None:
+        """Judge every scope, following calls of the file's own functions to a fixed point."""
+        functions = self._functions() if any(e.local for e in self._scopes.values()) else {}
+        summaries: Dict[str, str] = {}
+        rank = {_SYNC: 2, _MAJOR: 1, _WORK: 0}
+        for _ in range(4):  # calls nest a few levels deep at most; each round goes one deeper
+            for scope, events in self._scopes.items():
+                self._judge(scope, events, summaries)
+            updated: Dict[str, str] = {}
+            for name, scopes in functions.items():
+                kinds = [self._summary(self._scopes[s]) for s in scopes if s in self._scopes]
+                known = [k for k in kinds if k is not None]
+                if known:
+                    # A name defined twice (a method of two classes) syncs if one of them does:
+                    # the rule reports only what it is sure of.
+                    updated[name] = max(known, key=rank.__getitem__)
+            if updated == summaries:
+                break
+            summaries = updated
 
     def finish(self) -> None:
         if not self._any_timer:
             return
-        syncing = self._syncing_functions() if self._local_calls else set()
-        for scope, calls in self._local_calls.items():
-            events = self._scopes.get(scope)
-            for pos, name in calls:
-                if name in syncing and events is not None:
-                    events.syncs.append(pos)
-        for scope, events in self._scopes.items():
-            if not events.defs:
-                continue
-            cuda_scope = scope in self._cuda_scopes
-            events.work = [
-                pos
-                for pos, call in self._work_calls.get(scope, [])
-                if self._launches_cuda_work(call, cuda_scope)
-            ]
-            if not events.work:
+        self._summarize()
+        for events in self._scopes.values():
+            if not events.defs or not any(k != _SYNC for _, k in events.events):
                 continue
             ends = list(events.uses)
             for end_var, start_var in events.pairs:
@@ -364,13 +484,15 @@ class UnsyncedCudaTiming(Rule):
                         call,
                         f"{self.ctx.qualname(call.func)}() ends an interval started at line "
                         f"{start[0]} with CUDA work launched in between and nothing waiting "
-                        "for the GPU: it times the kernel launch, not the kernels; call "
-                        "torch.cuda.synchronize() first or use st.cuda_timer",
+                        "for the GPU after it: it times the kernel launch, not the kernels; "
+                        "call torch.cuda.synchronize() first or use st.cuda_timer",
                     )
 
     def _unsynced_start(self, events: _Interval, var: str, end: Pos) -> Optional[Pos]:
         """Where the interval ending at ``end`` started, when it is unsynchronized CUDA work."""
         defs = [pos for pos, _ in events.defs.get(var, [])]
+        syncs = [p for p, k in events.events if k == _SYNC]
+        work = [(p, k) for p, k in events.events if k != _SYNC]
         # Innermost loop around the end reading whose body rebinds the start after it: the
         # interval wraps around the iteration boundary (per-iteration timing).
         around = [lp for lp in events.loops if lp[0] <= end <= lp[1]]
@@ -381,26 +503,41 @@ class UnsyncedCudaTiming(Rule):
             if any(lo <= d < end for d in defs):
                 break  # rebound earlier in the same iteration: a straight interval
             start = max(later)
-            if any(lo <= s <= hi for s in events.syncs):
+            if any(lo <= s <= hi for s in syncs):
                 return None  # the loop syncs every iteration: correct on average
-            if any(start < w <= hi or lo <= w < end for w in events.work):
+            if any(start < w <= hi or lo <= w < end for w, _ in work):
                 return start
             return None
         before = [d for d in defs if d < end]
         if not before:
             return None
         start = max(before)
-        work = [w for w in events.work if start < w < end]
-        if not work:
+        inside = [(w, k) for w, k in work if start < w < end]
+        if not inside:
             return None
-        # Synchronized when something waits for the GPU after the last work is launched (a
-        # copy at the start, as in model(x.cuda()), waits only for what came before it).
-        last = max(work)
-        if any(last <= s < end for s in events.syncs):
+        waits = [s for s in syncs if start < s < end]
+        # A loop inside the interval whose body waits for the GPU synchronizes each iteration's
+        # work in the next one: all but the last iteration are timed right (an epoch's time).
+        syncing_loops = [
+            (lo, hi)
+            for lo, hi in events.loops
+            if start < lo and hi < end and any(lo <= s <= hi for s in waits)
+        ]
+        # Work nothing waits for before the end reading (a copy at the start, as in
+        # model(x.cuda()), waits only for what came before it).
+        tail = [
+            (w, k)
+            for w, k in inside
+            if not any(w <= s for s in waits) and not any(lo <= w <= hi for lo, hi in syncing_loops)
+        ]
+        if not tail:
             return None
+        first = min(w for w, _ in inside)
+        if any(s >= first for s in waits) and all(k != _MAJOR for _, k in tail):
+            return None  # synchronized after its main work; only arithmetic follows
         for lo, hi in around:
             # Read in a loop against a start before it (a since-start ETA): off by at most
             # the unsynchronized tail of one iteration when the loop body syncs anywhere.
-            if start < lo and any(lo <= s <= hi for s in events.syncs):
+            if start < lo and any(lo <= s <= hi for s in syncs):
                 return None
         return start
