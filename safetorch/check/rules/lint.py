@@ -9,6 +9,12 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence
 
 from safetorch.check.engine import UNSAFE, Context, Fix
 from safetorch.check.rules._base import Rule
+from safetorch.check.rules._bias_flow import (
+    bias_write_applies,
+    bias_writes,
+    fix_blocker,
+    param_verdict,
+)
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
     NN,
@@ -424,11 +430,23 @@ class _LayerFlow:
                     self.layers[id(a.call)] = a  # indirect anywhere: indirect
 
     def _forward_edges(self, cls: ast.ClassDef) -> None:
-        for a_name, b_name in _forward_pairs(self.ctx, cls):
+        pairs = _forward_pairs(self.ctx, cls)
+        calls = _attr_calls(self.ctx, cls)
+        for a_name, b_name, _ in pairs:
             a = self._attrs.get((id(cls), a_name))
             b = self._attrs.get((id(cls), b_name))
-            if a is not None and b is not None:
-                self._record(_Seq(a.lasts, a.lasts).then(_Seq(b.firsts, b.firsts)))
+            if a is None or b is None:
+                continue
+            if any(isinstance(i, _Layer) and i.kind in _BIASED for i in a.lasts):
+                # A bias matters wherever the layer's output is used without the norm: every
+                # call of self.<a> in the class must feed a BatchNorm straight away.
+                paired = {id(c) for x, y, c in pairs if x == a_name and c is not None}
+                norms = [self._attrs.get((id(cls), y)) for x, y, _ in pairs if x == a_name]
+                if paired != calls.get(a_name, set()) or not all(
+                    n is not None and n.firsts and all(_is_norm(f) for f in n.firsts) for n in norms
+                ):
+                    continue
+            self._record(_Seq(a.lasts, a.lasts).then(_Seq(b.firsts, b.firsts)))
 
     # -- reading one function top to bottom ------------------------------------------------
     def _flow_function(self, fn: FunctionNode) -> Optional[Tuple[bool, _Seq]]:
@@ -467,9 +485,8 @@ class _LayerFlow:
                         self._sequential(sub, env, fn)
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                value = self._value(stmt.value, env, fn)
-                for target in targets:
-                    self._bind(target, value, env, fn)
+                for target, bound_to in _pairwise(targets, stmt.value):
+                    self._bind(target, self._value(bound_to, env, fn), env, fn)
             elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
                 bound = env.get(stmt.target.id)
                 if bound is not None and bound[0] and isinstance(stmt.op, ast.Add):
@@ -538,21 +555,54 @@ class _LayerFlow:
             env[name] = (True, _OPAQUE_SEQ)
 
 
-def _forward_pairs(ctx: Context, cls: ast.ClassDef) -> List[Tuple[str, str]]:
-    """Pairs of ``self.<a>``, ``self.<b>`` layers that ``forward`` applies back to back."""
+def _is_norm(item: _Item) -> bool:
+    return isinstance(item, _Layer) and item.kind in _BATCHNORMS
+
+
+def _attr_calls(ctx: Context, cls: ast.ClassDef) -> Dict[str, Set[int]]:
+    """``attr`` -> the ``self.<attr>(...)`` calls anywhere in the class's methods."""
+    found: Dict[str, Set[int]] = {}
+    for node in ctx.walk(cls):
+        called = _layer_called(node)
+        if called is not None:
+            found.setdefault(called[0], set()).add(id(called[1]))
+    return found
+
+
+def _pairwise(targets: Sequence[ast.expr], value: ast.expr) -> List[Tuple[ast.expr, ast.expr]]:
+    """(target, value) pairs of an assignment: ``layers, c = [], 3`` binds each name to its
+    own value; any other unpacking binds the targets to the whole value (which forgets them)."""
+    pairs: List[Tuple[ast.expr, ast.expr]] = []
+    for target in targets:
+        if (
+            isinstance(target, (ast.Tuple, ast.List))
+            and isinstance(value, (ast.Tuple, ast.List))
+            and len(target.elts) == len(value.elts)
+            and not any(isinstance(e, ast.Starred) for e in [*target.elts, *value.elts])
+        ):
+            pairs.extend(zip(target.elts, value.elts))
+        else:
+            pairs.append((target, value))
+    return pairs
+
+
+def _forward_pairs(ctx: Context, cls: ast.ClassDef) -> List[Tuple[str, str, Optional[ast.Call]]]:
+    """``(a, b, call)`` for ``self.<a>``, ``self.<b>`` layers that ``forward`` applies back to
+    back; ``call`` is the ``self.<a>(...)`` call when its output goes to ``self.<b>`` only
+    (None when it is used again: ``y = self.conv(x); z = self.bn(y); return z + y``)."""
     forward = next(
         (s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == "forward"), None
     )
     if forward is None:
         return []
-    pairs: List[Tuple[str, str]] = []
+    pairs: List[Tuple[str, str, Optional[ast.Call]]] = []
     for node in ctx.walk(forward):
         # self.b(self.a(x))
         outer = _layer_called(node)
         if outer is not None and outer[1].args:
             inner = _layer_called(outer[1].args[0])
             if inner is not None:
-                pairs.append((inner[0], outer[0]))
+                pairs.append((inner[0], outer[0], inner[1]))
         # x = self.a(x) \n x = self.b(x)   (or return self.b(x))
         body = getattr(node, "body", None)
         if isinstance(body, list):
@@ -570,8 +620,34 @@ def _forward_pairs(ctx: Context, cls: ast.ClassDef) -> List[Tuple[str, str]]:
                     and isinstance(b[1].args[0], ast.Name)
                     and b[1].args[0].id == var.id
                 ):
-                    pairs.append((a[0], b[0]))
+                    only = _only_read_by(ctx, forward, var.id, first, second, b[1].args[0])
+                    pairs.append((a[0], b[0], a[1] if only else None))
     return pairs
+
+
+def _only_read_by(
+    ctx: Context,
+    forward: ast.FunctionDef,
+    name: str,
+    first: ast.stmt,
+    second: ast.stmt,
+    arg: ast.AST,
+) -> bool:
+    """Whether the value ``first`` binds to ``name`` is read by ``arg`` (of ``second``) only:
+    ``second`` binds ``name`` again (``x = self.bn(x)``), or nothing else reads ``name``."""
+    if isinstance(second, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == name for t in second.targets
+    ):
+        return True
+    inside = {id(n) for n in ctx.walk(first)}
+    return not any(
+        isinstance(n, ast.Name)
+        and n.id == name
+        and isinstance(n.ctx, ast.Load)
+        and n is not arg
+        and id(n) not in inside
+        for n in ctx.walk(forward)
+    )
 
 
 def _layer_called(node: Optional[ast.AST]) -> Optional[Tuple[str, ast.Call]]:
@@ -600,10 +676,43 @@ def _followed_by_norm(flow: _LayerFlow, kinds: FrozenSet[str]) -> Iterator[Tuple
         if layer.kind not in kinds:
             continue
         norm = next(
-            (f.kind for f in followers if isinstance(f, _Layer) and f.kind in _BATCHNORMS), None
+            (
+                f.kind
+                for f in followers
+                if isinstance(f, _Layer) and f.kind in _BATCHNORMS and _widths_agree(layer, f)
+            ),
+            None,
         )
         if norm is not None:
             yield layer, norm
+
+
+# The argument giving a layer's output width, and a norm's input width: (index, keyword).
+_WIDTH_OUT = {kind: (0 if ".Lazy" in kind else 1, "out_features") for kind in _BIASED}
+_WIDTH_OUT.update(
+    {kind: (0 if ".Lazy" in kind else 1, "out_channels") for kind in _BIASED if "Conv" in kind}
+)
+
+
+def _width(call: ast.Call, index: int, keyword: str) -> Optional[ast.expr]:
+    kw = find_keyword(call, keyword)
+    if kw is not None:
+        return kw.value
+    if len(call.args) > index and not any(isinstance(a, ast.Starred) for a in call.args):
+        return call.args[index]
+    return None
+
+
+def _widths_agree(layer: _Layer, norm: _Layer) -> bool:
+    """False when the layer's output width and the norm's width are different literals
+    (``nn.Conv2d(3, 8, 3)`` then ``nn.BatchNorm2d(16)``: the norm is fed something else)."""
+    if layer.kind not in _WIDTH_OUT or ".Lazy" in norm.kind:
+        return True
+    out = _width(layer.call, *_WIDTH_OUT[layer.kind])
+    width = _width(norm.call, 0, "num_features")
+    if isinstance(out, ast.Constant) and isinstance(width, ast.Constant):
+        return bool(out.value == width.value)
+    return True
 
 
 # -- ST008: the bias argument and the code that touches .bias ------------------------------
@@ -617,168 +726,6 @@ def _bias_arg(call: ast.Call, index: int) -> Tuple[bool, Optional[ast.expr]]:
     if len(call.args) > index:
         return True, call.args[index]
     return True, None
-
-
-def _param_default(fn: Optional[FunctionNode], name: str) -> Optional[ast.expr]:
-    """The default of parameter ``name`` of ``fn`` (None: no such parameter or no default)."""
-    if fn is None:
-        return None
-    args = fn.args
-    positional = [*args.posonlyargs, *args.args]
-    offset = len(positional) - len(args.defaults)
-    for i, arg in enumerate(positional):
-        if arg.arg == name:
-            return args.defaults[i - offset] if i >= offset else None
-    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
-        if arg.arg == name:
-            return default
-    return None
-
-
-def _callers_pass(ctx: Context, fn: FunctionNode, name: str) -> bool:
-    """Whether a call of ``fn`` in this file passes parameter ``name`` as anything but True."""
-    positional = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
-    index = positional.index(name) if name in positional else None
-    if index is not None and positional and positional[0] in ("self", "cls"):
-        index -= 1
-    for node in ctx.walk(ctx.tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-        if called != fn.name:
-            continue
-        if has_double_star(node) or has_star(node):
-            return True
-        kw = find_keyword(node, name)
-        value = kw.value if kw is not None else None
-        if value is None and index is not None and len(node.args) > index:
-            value = node.args[index]
-        if value is not None and not is_const(value, True):
-            return True
-    return False
-
-
-def _mentions_bias(ctx: Context, test: ast.AST) -> bool:
-    for sub in ctx.walk(test):
-        if isinstance(sub, ast.Attribute) and sub.attr == "bias":
-            return True
-        if isinstance(sub, ast.Constant) and sub.value == "bias":
-            return True
-    return False
-
-
-def _isinstance_kinds(ctx: Context, test: ast.AST) -> Optional[Set[str]]:
-    """The classes an ``isinstance(m, (A, B))`` test (possibly inside ``and``) admits."""
-    calls = [test]
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        calls = list(test.values)
-    for call in calls:
-        word = _class_name_test(call)
-        if word is not None:
-            return {"~" + word}
-        if (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Name)
-            and call.func.id == "isinstance"
-            and len(call.args) == 2
-        ):
-            classes = call.args[1]
-            elts = classes.elts if isinstance(classes, ast.Tuple) else [classes]
-            kinds: Set[str] = set()
-            for elt in elts:
-                qual = ctx.qualname(elt)
-                if qual is None:
-                    return None  # a class defined elsewhere: it may be a conv
-                kinds.add(qual)
-            return kinds
-    return None
-
-
-def _class_name_test(test: ast.AST) -> Optional[str]:
-    """``"Conv"`` for ``classname.find("Conv") != -1`` or ``"Conv" in classname`` (the DCGAN
-    ``weights_init`` idiom), else None."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
-        return None
-    left, op = test.left, test.ops[0]
-    if isinstance(op, ast.In) and isinstance(left, ast.Constant) and isinstance(left.value, str):
-        return left.value
-    if (
-        isinstance(op, (ast.NotEq, ast.Gt, ast.GtE))
-        and isinstance(left, ast.Call)
-        and isinstance(left.func, ast.Attribute)
-        and left.func.attr == "find"
-        and len(left.args) == 1
-        and isinstance(left.args[0], ast.Constant)
-        and isinstance(left.args[0].value, str)
-    ):
-        return left.args[0].value
-    return None
-
-
-def _bias_write_applies(kinds: Optional[Set[str]], kind: str) -> bool:
-    """Whether a ``.bias`` write limited to ``kinds`` (see ``_bias_writes``) can reach a layer
-    of class ``kind``."""
-    if kinds is None or kind in kinds:
-        return True
-    short = kind.rsplit(".", 1)[1]
-    for k in kinds:
-        if k.startswith("~"):
-            if k[1:] in short:
-                return True
-        elif not (k.startswith(NN) and k[len(NN) : len(NN) + 1].isupper()):
-            return True  # a class of its own or a private base (_ConvNd): it may be one
-    return False
-
-
-_BiasWrite = Tuple[int, Optional[Set[str]], Optional[ast.AST]]
-
-
-def _bias_writes(ctx: Context) -> List[_BiasWrite]:
-    """Code that uses ``X.bias`` as a tensor without checking it exists: (line, the layer
-    classes an enclosing ``isinstance`` test limits it to or None for any layer, the
-    module-level function or class it is in or None for module-level code).
-
-    ``m.bias.data.zero_()``, ``m.bias.fill_(0)``, ``nn.init.constant_(m.bias, 0)``,
-    ``m.bias[...]`` crash once the layer has ``bias=False`` (``m.bias`` is then None); under
-    ``if m.bias is not None:`` (any test that mentions ``bias``) or ``try`` they do not.
-    """
-    found = ctx.cache.get("bias_writes")
-    if found is not None:
-        return found
-    found = []
-
-    def visit(
-        node: ast.AST, guarded: bool, kinds: Optional[Set[str]], owner: Optional[ast.AST]
-    ) -> None:
-        if isinstance(node, ast.If):
-            inner_kinds = _isinstance_kinds(ctx, node.test)
-            inner = guarded or _mentions_bias(ctx, node.test)
-            for child in node.body:
-                visit(child, inner, inner_kinds if inner_kinds is not None else kinds, owner)
-            for child in node.orelse:
-                visit(child, guarded, kinds, owner)
-            visit(node.test, guarded, kinds, owner)
-            return
-        if isinstance(node, ast.IfExp):
-            inner = guarded or _mentions_bias(ctx, node.test)
-            visit(node.body, inner, kinds, owner)
-            visit(node.orelse, guarded, kinds, owner)
-            return
-        if isinstance(node, ast.Try):
-            return  # a try around it: the author expected it to fail sometimes
-        if not guarded and isinstance(node, ast.expr) and _uses_bias_tensor(ctx, node):
-            found.append((node.lineno, kinds, owner))
-        for sub in ast.iter_child_nodes(node):
-            top = owner
-            if owner is None and isinstance(sub, (*FUNCTION_DEFS, ast.ClassDef)):
-                top = sub
-            visit(sub, guarded, kinds, top)
-
-    if ".bias" in ctx.source:
-        visit(ctx.tree, False, None, None)
-    ctx.cache["bias_writes"] = found
-    return found
 
 
 def _reaches(ctx: Context, cls: ast.ClassDef, owner: Optional[ast.AST]) -> bool:
@@ -813,18 +760,6 @@ def _reaches(ctx: Context, cls: ast.ClassDef, owner: Optional[ast.AST]) -> bool:
     return False
 
 
-def _is_bias(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "bias" and not self_attr(node)
-
-
-def _uses_bias_tensor(ctx: Context, node: ast.expr) -> bool:
-    if isinstance(node, (ast.Attribute, ast.Subscript)) and _is_bias(node.value):
-        return True
-    if isinstance(node, ast.Call) and node.args and _is_bias(node.args[0]):
-        return (ctx.qualname(node.func) or "").startswith(NN + "init.")
-    return False
-
-
 class BiasBeforeBatchNorm(Rule):
     """ST008: a Conv/Linear layer with a bias immediately followed by BatchNorm.
 
@@ -835,17 +770,25 @@ class BiasBeforeBatchNorm(Rule):
     ``layers = [...]``, ``layers += [...]``, ``.append(...)``, ``.extend(...)`` (through
     ``if``/``else`` and loops) and splatted into ``nn.Sequential(*layers)``, helper functions
     returning a list or one layer, variables holding a layer, class aliases from parameter
-    defaults (``norm_layer=nn.BatchNorm2d``), ``bias=bias`` with a ``True`` default, and
-    ``forward`` methods that apply ``self.conv`` then ``self.bn`` directly.
+    defaults (``norm_layer=nn.BatchNorm2d``), and ``forward`` methods that apply
+    ``self.conv`` then ``self.bn`` directly (``x = self.conv(x); x = self.bn(x)``). Not a
+    finding where the bias matters: the layer's output is also used without the norm (read
+    again, or ``self.conv`` called elsewhere), or the norm's width is not the layer's.
+    ``bias=bias`` is judged from the project's calls of the builder (function, method, or
+    module class with its ``super().__init__`` calls and ``functools.partial``): a finding
+    when a call passes True or leaves a True default, not when every call passes False.
 
-    Fix (unsafe, ``--unsafe-fixes`` only): ``bias=False`` on the Conv/Linear layer. It
-    removes a parameter, so existing checkpoints no longer load (``Unexpected key(s) in
-    state_dict: "0.bias"``), the random initialisation of later layers changes (one fewer
-    draw from the RNG), and an explicit ``bias=True`` is overridden. Offered only where the
-    layer is written at that place, is followed by BatchNorm wherever it is used, and no code
-    in the file writes ``m.bias`` of such layers without checking ``m.bias is not None``
-    (an init loop that zeroes every conv's bias would crash); elsewhere the finding says
-    what to change by hand.
+    Fix (unsafe, ``--unsafe-fixes`` only): add ``bias=False`` to the Conv/Linear layer. It
+    removes a parameter, so checkpoints saved before no longer load strictly
+    (``Unexpected key(s) in state_dict: "0.bias"``) and the random initialisation of later
+    layers changes (one fewer draw from the RNG). Offered only where the layer is written at
+    that place with the layer class itself, is followed by BatchNorm wherever it is used,
+    the bias is not written explicitly (``bias=True`` may be what published weights need;
+    a positional one is never rewritten), and no file that runs with it (the files that
+    import it, and what they import) loads a checkpoint or uses ``m.bias`` of such layers
+    as a tensor without checking ``m.bias is not None`` (an init helper that zeroes every
+    conv's bias would crash). Never where the project is too big to read whole. Elsewhere
+    the finding says what to change by hand, and why not automatically.
 
     safetorch: ``st.lint_model`` reports the same on a built model at runtime.
     """
@@ -871,38 +814,42 @@ class BiasBeforeBatchNorm(Rule):
             return
         head = f"{short_name(qual)} has a bias that the following {short_name(norm)} cancels"
         tail = " (st.lint_model finds this at runtime)"
-        if isinstance(value, ast.Name) and not is_const(value, True):
-            default = _param_default(layer.fn, value.id)
-            if layer.fn is None or not is_const(default, True):
-                return  # bias=use_bias: an expression the rule cannot judge
-            if _callers_pass(self.ctx, layer.fn, value.id):
-                return
-            self.report(
-                call,
-                f"{head} ({value.id}={value.id}, whose default is True): pass "
-                f"{value.id}=False where it is built before BatchNorm{tail}",
-            )
-            return
+        if isinstance(value, ast.Name):
+            fn = layer.fn
+            verdict = None
+            if fn is not None:
+                verdict = param_verdict(self.ctx, fn, flow._class_of(fn), value.id)
+            if verdict is not None:
+                self.report(
+                    call,
+                    f"{head} ({verdict}): pass {value.id}=False where it is built before "
+                    f"BatchNorm{tail}",
+                )
+            return  # every call passes False, or a value the rule cannot judge
         if value is not None and not is_const(value, True):
             return  # bias=False, or an expression we cannot judge
-        why = self._no_fix_reason(flow, layer)
+        why = self._no_fix_reason(flow, layer, value)
         if why is not None:
             self.report(call, f"{head}: pass bias=False{why}{tail}")
             return
-        if value is None:
-            edit = add_keywords(self.ctx, call, "bias=False")
-        else:
-            edit = self.ctx.replace(value, "False")
-        fix = None if edit is None else Fix("set bias=False", (edit,), UNSAFE)
+        edit = add_keywords(self.ctx, call, "bias=False")
+        fix = None if edit is None else Fix("add bias=False", (edit,), UNSAFE)
         self.report(call, f"{head}: pass bias=False{tail}", fix)
 
-    def _no_fix_reason(self, flow: _LayerFlow, layer: _Layer) -> Optional[str]:
+    def _no_fix_reason(
+        self, flow: _LayerFlow, layer: _Layer, value: Optional[ast.expr]
+    ) -> Optional[str]:
         """Why ``bias=False`` cannot be written automatically here, or None."""
+        if value is not None:
+            given = "bias=True" if find_keyword(layer.call, "bias") else "True (positional)"
+            return (
+                f" by hand if no published or saved weights need it ({given} is written explicitly)"
+            )
         cls = flow._class_of(layer.fn)
-        for line, kinds, owner in _bias_writes(self.ctx):
+        for line, kinds, owner in bias_writes(self.ctx):
             if cls is not None and not _reaches(self.ctx, cls, owner):
                 continue
-            if _bias_write_applies(kinds, layer.kind):
+            if bias_write_applies(kinds, layer.kind):
                 return (
                     f", after guarding the code that writes .bias at line {line} with "
                     "`if m.bias is not None:` (with bias=False it would crash)"
@@ -912,7 +859,9 @@ class BiasBeforeBatchNorm(Rule):
         followers = flow.followers.get(id(layer.call), [])
         if any(not (isinstance(f, _Layer) and f.kind in _BATCHNORMS) for f in followers):
             return " where it is followed by BatchNorm (elsewhere it is not)"
-        return None
+        if self.ctx.qualname(layer.call.func) != layer.kind:
+            return " where the layer class is chosen (it is named through a variable here)"
+        return fix_blocker(self.ctx, layer.kind)
 
 
 class DropoutBeforeBatchNorm(Rule):
