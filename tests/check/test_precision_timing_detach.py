@@ -254,3 +254,136 @@ def test_seed_timing_fixture_found_by_default() -> None:
     path = Path(__file__).parent / "fixtures" / "timing.py"
     found = [(d.line, d.code) for d in check_source(path.read_text(), str(path))]
     assert [f for f in found if f[1] == "ST006"] == [(12, "ST006"), (20, "ST006"), (27, "ST006")]
+
+
+# -- ST005: findings kept ----------------------------------------------------------------------
+def _detach(body: str) -> List[int]:
+    """Lines of the ST005 findings in ``body`` (a default rule: no ``select``)."""
+    src = "import torch\n" + textwrap.dedent(body)
+    return [d.line - 1 for d in check_source(src, "m.py") if d.code == "ST005"]
+
+
+@pytest.mark.parametrize(
+    "body, lines, why",
+    [
+        (  # the caller's tensor
+            """
+            def halve(weights):
+                view = weights.detach()
+                view.mul_(0.5)
+                return view
+            """,
+            [3],
+            "weights is a parameter",
+        ),
+        (  # a model's output, read again after the write (the loss sees the clamp)
+            """
+            def step(encoder, head, image):
+                feats = encoder(image)
+                snapshot = feats.detach()
+                snapshot.clamp_(0, 1)
+                return head(feats), snapshot
+            """,
+            [4],
+            "feats is read again at line 7",
+        ),
+        (  # state of an object outlives the call
+            """
+            class Tracker:
+                def bump(self, delta):
+                    self.total.detach().add_(delta)
+            """,
+            [4],
+            "attribute",
+        ),
+        (  # a model's output written through its detach
+            """
+            class Head:
+                def forward(self, x):
+                    out = self.proj(x).detach()
+                    out.copy_(x)
+                    return out
+            """,
+            [4],
+            "output of a call",
+        ),
+        (  # a fresh buffer, but read again in the next iteration of the loop
+            """
+            def accumulate(n):
+                buf = torch.zeros(3)
+                for _ in range(n):
+                    total = buf.sum()
+                    alias = buf.detach()
+                    alias.add_(total)
+            """,
+            [6],
+            "read again in the loop",
+        ),
+        (  # a row of the caller's tensor: a view of it
+            """
+            def wipe_first(table):
+                row = table[0].detach()
+                row.zero_()
+            """,
+            [3],
+            "table[0]",
+        ),
+    ],
+)
+def test_detach_finding_kept(body: str, lines: List[int], why: str) -> None:
+    src = "import torch\n" + textwrap.dedent(body)
+    found = [d for d in check_source(src, "m.py") if d.code == "ST005"]
+    assert [d.line - 1 for d in found] == lines
+    assert why in found[0].message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # a gradient is written through its detach on purpose (clipping, scaling)
+        "def clip(p, new):\n    p.grad.detach().copy_(new)\n",
+        "def scale(params, s):\n    for p in params:\n        p.grad.detach().mul_(s)\n",
+        "def scale(p, s):\n    g = p.grad\n    g.detach().mul_(s)\n",
+        # the detach of a fresh tensor shares memory with nothing else
+        "def f():\n    return torch.zeros(3).detach().add_(1)\n",
+        "def f(grad, m):\n    buf = torch.clone(grad).detach()\n    buf.mul_(m)\n    return buf\n",
+        "def f(x):\n    noise = torch.randn_like(x).detach()\n    noise.mul_(0.1)\n    return noise\n",
+        "def f(a, b):\n    return (a + b).detach().mul_(2)\n",
+        # a fresh local of this scope, not read again after the write
+        "def f(n):\n    acc = torch.zeros(n)\n    view = acc.detach()\n    view.add_(1)\n"
+        "    return view\n",
+        # chains that may copy are not followed: .clone() always copies, .cpu() copies a CUDA
+        # tensor, .float() a non-float32 one
+        "def f(x):\n    y = x.detach().clone()\n    y.add_(1)\n    return y\n",
+        "def f(x):\n    y = x.detach().cpu()\n    y.add_(1)\n    return y\n",
+        "def f(x):\n    y = x.detach().float()\n    y.mul_(2)\n    return y\n",
+        # rebound to a copy before the write
+        "def f(x):\n    y = x.detach()\n    y = y.clone()\n    y.add_(1)\n    return y\n",
+    ],
+)
+def test_detach_of_a_fresh_tensor_or_a_gradient_is_not_reported(body: str) -> None:
+    assert _detach(body) == []
+
+
+def test_seed_detach_fixture_found_by_default() -> None:
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "detach.py"
+    found = [d.line for d in check_source(path.read_text(), str(path)) if d.code == "ST005"]
+    assert found == [5, 7, 8, 10, 12, 13, 21]
+
+
+def test_detach_fix_still_runs() -> None:
+    # The unsafe fix (a clone) on a kept finding: the fixed code runs and no longer writes
+    # into the caller's tensor.
+    torch = pytest.importorskip("torch")
+    from safetorch.check import fix_source
+
+    src = "def halve(weights):\n    view = weights.detach()\n    view.mul_(0.5)\n    return view\n"
+    fixed = fix_source(src, select="ST005", unsafe_fixes=True)
+    assert "weights.detach().clone()" in fixed
+    scope: dict = {}
+    exec(compile(fixed, "fixed.py", "exec"), scope)
+    w = torch.ones(3, requires_grad=True)
+    out = scope["halve"](w)
+    assert torch.equal(out, torch.full((3,), 0.5)) and torch.equal(w.detach(), torch.ones(3))
