@@ -434,3 +434,20 @@ def test_the_fix_offered_runs_and_its_checkpoints_load_strictly(tmp_path: Path) 
     again = type(net)()
     again.load_state_dict(torch.load(path, weights_only=True))  # strict
     torch.testing.assert_close(again.state_dict(), net.state_dict())
+
+
+@pytest.mark.parametrize(
+    ("call", "blocks"),
+    [
+        ("net.load_state_dict(state)", True),
+        ("load_pretrained_model(net, path)", True),
+        ("Net.from_pretrained('name')", True),
+        ("offload_state_dict(folder, state)", False),
+        ("is_stateful_dataloader_available()", False),
+        ("torch.utils.data.DataLoader(data)", False),
+    ],
+)
+def test_what_counts_as_a_checkpoint_load(call: str, blocks: bool) -> None:
+    source = HEADER + "net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n" + call + "\n"
+    (diag,) = st008(source)
+    assert (diag.fix is None) is blocks

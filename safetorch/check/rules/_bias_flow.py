@@ -260,8 +260,9 @@ def _loader(ctx: Context, call: ast.Call) -> Optional[str]:
     low = name.lower()
     if name == "from_pretrained" or low.startswith("restore"):
         return name
-    if "load" in low and any(word in low for word in _LOAD_WORDS):
-        return name
+    words = low.split("_")
+    if any(w.startswith("load") for w in words) and any(x in low for x in _LOAD_WORDS):
+        return name  # load_state_dict, load_pretrained_model; not offload_*, dataloader
     if name == "load" and isinstance(call.func, ast.Attribute) and not qual:
         return name  # model.load(path), self.load(...): a loader of the project's own
     return None
