@@ -430,6 +430,16 @@ def _program_of(ctx: Context) -> Tuple[Dict[str, FileFacts], str, Set[str]]:
     return found
 
 
+def _own_facts(ctx: Context) -> Tuple[str, FileFacts]:
+    """This file's facts alone (without reading the rest of the project)."""
+    here = ctx.project.relpath(ctx.path)
+    mine = ctx.cache.get("ST008-own-facts")
+    if mine is None:
+        mine = ctx.cache["ST008-own-facts"] = gather(ctx.tree, here)
+    found: FileFacts = mine
+    return here, found
+
+
 def _where(path: str, line: int, here: str) -> str:
     return f"line {line}" if path == here else f"{path}:{line}"
 
@@ -480,9 +490,13 @@ def param_verdict(
     index = positional.index(name) if name in positional else None
     if index is not None and method and not static:
         index -= 1
-    facts, here, files = _program_of(ctx)
+    here, own = _own_facts(ctx)
+    facts, files = {here: own}, {here}
     if method and fn.name != "__init__":
-        files = {here}  # self.make_layer(...): a method of this class, called here
+        pass  # self.make_layer(...): a method of this class, called here
+    elif not any(_param_value(s, name, index, default) == "T" for s in own.calls.get(callee, ())):
+        # No call here shows a bias: the other files that run with this one decide.
+        facts, here, files = _program_of(ctx)
     values: List[Tuple[str, Site]] = []
     for rel in sorted(files):
         f = facts[rel]
@@ -528,9 +542,7 @@ def fix_blocker(ctx: Context, kind: str) -> Optional[str]:
     (it crashes on None). Writes in this file are judged by the caller, which sees which
     classes they reach.
     """
-    mine = ctx.cache.get("ST008-own-facts")
-    if mine is None:
-        mine = ctx.cache["ST008-own-facts"] = gather(ctx.tree, ctx.path)
+    _, mine = _own_facts(ctx)
     if mine.loads:  # decided without reading the other files
         line, what = mine.loads[0]
         return _load_blocks(what, f"line {line}")
