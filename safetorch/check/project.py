@@ -71,13 +71,14 @@ class Project:
 
     Attributes:
         root: The project's directory (None for a project of one file off disk).
-        complete: False when the project has more than ``MAX_FILES`` files and only the first
-            were read; a rule that needs every file to prove something safe must then not.
+
+    ``complete`` is False when the project has more than ``MAX_FILES`` files and only the
+    first were read; a rule that needs every file to prove something safe must then not.
     """
 
     def __init__(self, root: Optional[str]) -> None:
         self.root = root
-        self.complete = True
+        self._complete = True
         self._paths: Optional[List[str]] = None
         self._trees: Dict[str, Optional[ast.Module]] = {}
         self._facts: Dict[str, Dict[str, object]] = {}
@@ -93,6 +94,13 @@ class Project:
         if found is None:
             found = _PROJECTS[root] = cls(root)
         return found
+
+    @property
+    def complete(self) -> bool:
+        """False when the project has more than ``MAX_FILES`` Python files (only the first
+        were read)."""
+        self.paths()
+        return self._complete
 
     def relpath(self, path: str) -> str:
         """``path`` relative to the root (as :meth:`facts` keys name files)."""
@@ -113,7 +121,7 @@ class Project:
             for name in sorted(files):
                 if name.endswith(".py"):
                     if len(found) >= MAX_FILES:
-                        self.complete = False
+                        self._complete = False
                         return found
                     found.append(os.path.relpath(os.path.join(here, name), root))
         return found
