@@ -25,11 +25,11 @@ def by_line(path: str, code: str) -> Dict[int, Diagnostic]:
 
 def test_wrapped_advice_follows_the_wrap_and_the_resume() -> None:
     diags = by_line("wrapped_flow.py", "ST011")
-    sometimes = diags[29]
-    assert "sometimes wrapped" in sometimes.message
+    sometimes = diags[30]
+    assert "wrapped in DataParallel on some paths only" in sometimes.message
     assert "model.module.state_dict()" not in sometimes.message
-    assert "load it at line 26 with st.load_state_dict(model" in sometimes.message
-    always = diags[41]
+    assert "load it at line 27 with st.load_state_dict(model" in sometimes.message
+    always = diags[42]
     assert "sometimes" not in always.message and "model.module.state_dict()" in always.message
     assert "st.load_state_dict loads files with or without the prefix" in always.message
 

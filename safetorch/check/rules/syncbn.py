@@ -8,23 +8,12 @@ import ast
 from typing import List, Tuple
 
 from safetorch.check.engine import Context
+from safetorch.check.rules._b1_guards import DIST_WORDS, GPU_WORDS, guarded_before, mentions
 from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import NN, Pos, end_of, start_of, torch_at_least
 
-# Names whose presence in a condition says the code is deciding about distributed training.
-_DIST_WORDS: Tuple[str, ...] = ("sync_bn", "syncbn", "sync_batchnorm", "distributed", "ddp")
-_DIST_WORDS += ("world_size", "rank", "is_initialized", "n_gpu", "ngpu", "num_gpus")
-_DIST_WORDS += ("device_count", "gpus")
-
-
-def _mentions_distributed(ctx: Context, test: ast.AST) -> bool:
-    for sub in ctx.walk(test):
-        word = sub.id if isinstance(sub, ast.Name) else getattr(sub, "attr", None)
-        if word is None and isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-            word = sub.value
-        if isinstance(word, str) and any(w in word.lower() for w in _DIST_WORDS):
-            return True
-    return False
+# ST014 takes a test of the GPU count as a distributed decision too (``if n_gpu > 1:``).
+_WORDS = DIST_WORDS + GPU_WORDS
 
 
 class ConvertSyncBatchNorm(Rule):
@@ -38,9 +27,11 @@ class ConvertSyncBatchNorm(Rule):
     message mentions it only when ``[tool.safetorch] min-torch-version`` is below 2.0 or
     unset.
 
-    Quiet when the call is guarded by a distributed condition
+    Quiet when the call is guarded by a distributed condition: an ``if`` around it
     (``if opt.sync_bn and RANK != -1:``, ``if dist.is_initialized():``,
-    ``... if args.distributed else model``).
+    ``... if args.distributed else model``), an ``assert`` before it in the same function
+    (``assert args.distributed``, ``assert dist.is_initialized()``, ``assert world_size > 1``)
+    or an early exit before it (``if not args.distributed: return model``).
 
     Fix (manual): ``st.convert_sync_batchnorm``, which follows the process group (a no-op
     without one) and picks a layer that runs on each device.
@@ -57,11 +48,11 @@ class ConvertSyncBatchNorm(Rule):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._guards: List[Tuple[Pos, Pos]] = []  # extents guarded by a distributed test
-        self._calls: List[ast.Call] = []
+        self._calls: List[Tuple[ast.Call, ast.AST]] = []  # (call, its scope)
 
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, (ast.If, ast.IfExp)):
-            if _mentions_distributed(self.ctx, node.test):
+            if mentions(self.ctx, node.test, _WORDS):
                 body = node.body if isinstance(node.body, list) else [node.body]
                 self._guards.append((start_of(body[0]), end_of(body[-1])))
                 # if not distributed: ... else: convert(...) is guarded too
@@ -70,11 +61,14 @@ class ConvertSyncBatchNorm(Rule):
                     self._guards.append((start_of(orelse[0]), end_of(orelse[-1])))
         elif isinstance(node, ast.Call):
             if self.ctx.qualname(node.func) == NN + "SyncBatchNorm.convert_sync_batchnorm":
-                self._calls.append(node)
+                self._calls.append((node, self.ctx.scope))
 
     def finish(self) -> None:
-        for call in self._calls:
+        for call, scope in self._calls:
             if any(lo <= start_of(call) <= hi for lo, hi in self._guards):
+                continue
+            body = getattr(scope, "body", None)
+            if isinstance(body, list) and guarded_before(self.ctx, body, start_of(call)):
                 continue
             older = (
                 ""
