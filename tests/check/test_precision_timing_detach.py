@@ -7,7 +7,7 @@ positives removed."""
 from __future__ import annotations
 
 import textwrap
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
@@ -387,3 +387,112 @@ def test_detach_fix_still_runs() -> None:
     w = torch.ones(3, requires_grad=True)
     out = scope["halve"](w)
     assert torch.equal(out, torch.full((3,), 0.5)) and torch.equal(w.detach(), torch.ones(3))
+
+
+# -- ST018: every use of torch._six ------------------------------------------------------------
+def _six(src: str) -> List[Tuple[int, int]]:
+    """(line, column) of each ST018 finding in ``src`` (a default rule)."""
+    return [
+        (d.line, d.col) for d in check_source(textwrap.dedent(src), "m.py") if d.code == "ST018"
+    ]
+
+
+def test_six_every_form_is_found() -> None:
+    src = """\
+    import torch
+    import torch._six as compat
+    from torch import _six
+    from torch._six import inf
+
+
+    def is_text(x):
+        if torch._six.PY3:
+            return isinstance(x, torch._six.string_classes)
+        return compat.int_classes, _six.container_abcs.Mapping, inf
+    """
+    assert _six(src) == [(2, 1), (3, 1), (4, 1), (8, 8), (9, 30), (10, 12), (10, 32)]
+    messages = [d.message for d in check_source(textwrap.dedent(src), "m.py")]
+    assert all("removed in torch 2.0" in m for m in messages)
+    assert any("use True for PY3" in m for m in messages)
+    assert any("use collections.abc for container_abcs" in m for m in messages)
+    assert any("use math.inf for inf" in m for m in messages)
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        # guarded: runs on torch 2 too
+        "try:\n    from torch._six import string_classes\nexcept ImportError:\n"
+        "    string_classes = (str, bytes)\n",
+        "try:\n    import torch._six as six\nexcept (ImportError, AttributeError):\n    six = None\n",
+        "import torch\nif hasattr(torch, '_six'):\n    TEXT = torch._six.string_classes\n"
+        "else:\n    TEXT = str\n",
+        "import torch\ntry:\n    PY3 = torch._six.PY3\nexcept AttributeError:\n    PY3 = True\n",
+        # not torch's module: the standalone six package, a module of one's own
+        "import six\nTEXT = six.string_types\n",
+        "from mypkg import _six\nX = _six.PY3\n",
+        # getattr is not followed
+        "import torch\nsix = getattr(torch, '_six', None)\n",
+    ],
+)
+def test_six_not_reported(src: str) -> None:
+    assert _six(src) == []
+
+
+def test_six_attribute_fix_keeps_the_values_and_runs() -> None:
+    from safetorch.check import fix_source
+
+    src = (
+        "import torch\n\n"
+        "def describe(x):\n"
+        "    text = isinstance(x, torch._six.string_classes)\n"
+        "    return text, torch._six.PY3, torch._six.inf, torch._six.container_abcs.Mapping,"
+        " torch._six.int_classes\n"
+    )
+    fixed = fix_source(src, select="ST018")
+    assert "_six" not in fixed
+    assert "import math\n" in fixed and "import collections.abc\n" in fixed
+    scope: dict = {}
+    exec(compile(fixed, "fixed.py", "exec"), scope)
+    import collections.abc
+    import math
+
+    assert scope["describe"]("a") == (True, True, math.inf, collections.abc.Mapping, int)
+    assert scope["describe"](b"a")[0] and not scope["describe"](1)[0]
+    assert check_source(fixed, select="ST018") == []
+
+
+def test_six_attribute_fix_only_where_the_spelling_means_the_same() -> None:
+    shadowed = "import torch\nstr = 'text'\nT = torch._six.string_classes\n"
+    (d,) = check_source(shadowed, select="ST018")
+    assert d.fix is None
+    stored = "import torch\ntorch._six.PY3 = False\n"
+    (d,) = check_source(stored, select="ST018")
+    assert d.fix is None
+    no_fix_known = "import torch\nM = torch._six.with_metaclass\n"
+    (d,) = check_source(no_fix_known, select="ST018")
+    assert d.fix is None and "metaclass=Meta" in d.message
+
+
+def test_six_import_fix_unchanged() -> None:
+    from safetorch.check import fix_source
+
+    src = "from torch._six import container_abcs, string_classes as strs\n"
+    assert fix_source(src, select="ST018") == (
+        "import collections.abc as container_abcs; strs = (str, bytes)\n"
+    )
+
+
+def test_six_table_agrees_with_st_legacy() -> None:
+    pytest.importorskip("torch")
+    import safetorch as st
+    from safetorch.check.rules import torch_six
+
+    assert set(torch_six._MODERN) == set(st.legacy.SIX_MODERN)
+    for name, (template, module, _builtins) in torch_six._SIX_EXPRESSIONS.items():
+        text = template.replace("{" + str(module) + "}", str(module))
+        namespace = {"math": __import__("math"), "sys": __import__("sys"), "io": __import__("io")}
+        namespace.update(queue=__import__("queue"), builtins=__import__("builtins"))
+        namespace["collections"] = __import__("collections.abc")
+        value, want = eval(text, namespace), getattr(st.legacy.six, name)  # noqa: S307
+        assert value is want or value == want or (value != value and want != want), name

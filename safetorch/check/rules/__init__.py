@@ -30,7 +30,6 @@ from safetorch.check.rules.legacy import (
     LegacyAutogradFunction,
     LegacyLossReduction,
     RemovedLinalgFunction,
-    TorchSixImport,
     VolatileVariable,
     ZeroDimIndex,
 )
@@ -41,6 +40,7 @@ from safetorch.check.rules.state_dict import DiscardedNonStrictLoad, StateDictOf
 from safetorch.check.rules.syncbn import ConvertSyncBatchNorm
 from safetorch.check.rules.syntax_error import SyntaxErrorRule
 from safetorch.check.rules.timing import UnsyncedCudaTiming
+from safetorch.check.rules.torch_six import TorchSixImport
 from safetorch.check.rules.upsample import DeprecatedUpsampleFunction, DeprecatedUpsamplingModule
 
 __all__ = [

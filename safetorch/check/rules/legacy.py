@@ -1,4 +1,5 @@
-"""APIs newer torch removed or changed (ST017-ST022): the ``legacy`` patch's pitfall."""
+"""APIs newer torch removed or changed (ST017, ST019-ST022; ``torch._six`` has its own module,
+``torch_six``): the ``legacy`` patch's pitfall."""
 
 from __future__ import annotations
 
@@ -178,76 +179,6 @@ class RemovedLinalgFunction(Rule):
             call,
             f"torch.{name} was removed (deprecated since 1.9): use {modern}, or "
             f"st.legacy.{name} for the torch 1.x result",
-            fix,
-        )
-
-
-# names of torch._six -> the statement that binds the same object without it
-_SIX_REPLACEMENTS: Dict[str, str] = {
-    "string_classes": "{name} = (str, bytes)",
-    "int_classes": "{name} = int",
-    "container_abcs": "import collections.abc as {name}",
-    "inf": "from math import inf as {name}",
-    "nan": "from math import nan as {name}",
-    "queue": "import queue as {name}",
-    "PY3": "{name} = True",
-    "PY2": "{name} = False",
-    "imap": "{name} = map",
-    "StringIO": "from io import StringIO as {name}",
-    "FileNotFoundError": "{name} = FileNotFoundError",
-}
-
-
-class TorchSixImport(Rule):
-    """ST018: ``from torch._six import ...`` (removed in torch 2.0).
-
-    ``torch._six`` was torch's private Python 2/3 compatibility module; old code imported
-    ``string_classes``, ``int_classes``, ``container_abcs``, ``inf`` ... from it.
-
-    Fix (automatic, safe): bind the same objects without it, one statement per name (on
-    the import's line):
-
-        from torch._six import container_abcs, string_classes
-        ->  import collections.abc as container_abcs; string_classes = (str, bytes)
-
-    safetorch: ``st.legacy.six``.
-    """
-
-    code = "ST018"
-
-    name = "torch-six-import"
-    uses = "st.legacy.six"
-    torch_symbols = ("torch._six",)
-    fixable = True
-    node_types = (ast.ImportFrom, ast.Import)
-
-    def visit(self, node: ast.AST) -> None:
-        if isinstance(node, ast.Import):
-            if any(a.name == "torch._six" for a in node.names):
-                self.report(
-                    node,
-                    "torch._six was removed in torch 2.0: import from the "
-                    "standard library instead (see st.legacy.SIX_MODERN)",
-                )
-            return
-        if not isinstance(node, ast.ImportFrom) or node.module != "torch._six" or node.level:
-            return
-        lines: List[str] = []
-        for alias in node.names:
-            template = _SIX_REPLACEMENTS.get(alias.name)
-            if template is None:
-                lines = []
-                break
-            lines.append(template.format(name=alias.asname or alias.name))
-        fix = None
-        if lines:
-            text = "; ".join(lines)  # one line: the statement's line stays where it was
-            fix = Fix("import from the standard library", (self.ctx.replace(node, text),))
-        names = ", ".join(a.name for a in node.names)
-        self.report(
-            node,
-            f"torch._six was removed in torch 2.0: bind {names} from the standard library "
-            "(st.legacy.six has them)",
             fix,
         )
 
