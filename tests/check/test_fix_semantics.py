@@ -56,7 +56,8 @@ def test_upsample_fixes_are_exactly_equivalent(body: str) -> None:
 def test_load_fix_loads_the_same_tensors(tmp_path: Any) -> None:
     path = tmp_path / "w.pt"
     torch.save({"w": torch.arange(6.0)}, path)
-    body = "sd = torch.load(path, map_location='cpu')"
+    # The snippet writes the file it loads (a dict of tensors): the fix is offered.
+    body = "torch.save({'w': torch.arange(6.0)}, path)\nsd = torch.load(path, map_location='cpu')"
     assert "weights_only=True" in fixed(body)
     before = run(HEADER + body, path=str(path))["sd"]
     after = run(fixed(body), path=str(path))["sd"]

@@ -22,6 +22,8 @@ from safetorch.check.config import ConfigError, Settings, load_settings
 REPO = Path(__file__).resolve().parents[2]
 LEGACY = (
     "import torch\nimport torch.nn.functional as F\ny = F.upsample(x)\nsd = torch.load('a.pt')\n"
+    # what a.pt holds: a tensor, saved from the CPU (ST003's fix is offered, ST004 is quiet)
+    "torch.save(y, './a.pt')\n"
 )
 
 # Make `import torch` fail, then run what follows: a machine without torch.
@@ -340,7 +342,7 @@ def test_github_and_sarif_formats(capsys: pytest.CaptureFixture[str], tmp_path: 
 
 def test_statistics_and_list_rules(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "m.py"
-    path.write_text(LEGACY + "sd2 = torch.load('b.pt')\n")
+    path.write_text(LEGACY + "sd2 = torch.load('./a.pt')\n")
     code, out, _ = run(capsys, "--isolated", "--statistics", str(path))
     assert code == 1
     assert [ln.split("\t") for ln in out.splitlines()] == [

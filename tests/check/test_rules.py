@@ -101,6 +101,7 @@ def test_unrelated_names_are_not_flagged(source: str) -> None:
 
 def test_positions_are_one_based_characters() -> None:
     src = 'import torch\ns = "éé"; sd = torch.load("a.pt", map_location="cpu")\n'
+    src += 'torch.save(torch.zeros(1), "./a.pt")\n'  # a tensor: the fix is offered
     (d,) = check_source(src, "m.py")
     line = src.splitlines()[1]
     assert (d.line, d.col) == (2, line.index("torch.load") + 1)
@@ -113,11 +114,13 @@ def test_positions_are_one_based_characters() -> None:
 
 
 def test_fix_keeps_crlf_line_endings() -> None:
-    src = 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu"\r\n)\r\n'
+    save = 'torch.save(torch.zeros(1), "./a.pt")\r\n'  # a tensor: the fix is offered
+    src = 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu"\r\n)\r\n' + save
     fixed = fix_source(src, unsafe_fixes=True)
     assert (
         fixed
         == 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu", weights_only=True\r\n)\r\n'
+        + save
     )
 
 
@@ -283,7 +286,7 @@ def test_explain_prints_the_docstring(code: str) -> None:
 
 def test_select_and_ignore_by_prefix() -> None:
     src = "import torch\ntorch.load('a')\nx.detach().zero_()\n"
-    assert codes(src) == ["ST003"]  # ST004, ST005 are preview; ST003 says safety and device
+    assert codes(src) == ["ST003", "ST004", "ST005"]  # all three default (issue 33)
     assert codes(src, select="ALL,PREVIEW") == ["ST003", "ST004", "ST005"]
     assert codes(src, select="ST003") == ["ST003"]
     assert codes(src, select=["ST003", "ST005"]) == ["ST003", "ST005"]
@@ -381,7 +384,7 @@ def test_check_file_restores_the_gc_state(tmp_path: Path, enabled: bool) -> None
     was = gc.isenabled()
     try:
         (gc.enable if enabled else gc.disable)()
-        assert [d.code for d in check_file(str(path)).diagnostics] == ["ST003"]
+        assert [d.code for d in check_file(str(path)).diagnostics] == ["ST003", "ST004"]
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()

@@ -9,6 +9,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import import_edit
+from safetorch.check.rules import _load_flow as flow
 from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
@@ -22,6 +23,7 @@ from safetorch.check.rules._helpers import (
     has_star,
     is_const,
     min_torch,
+    self_attr,
     start_of,
     statements_in_order,
     var_key,
@@ -379,6 +381,10 @@ def _device_note(ctx: Context, call: ast.Call) -> Optional[str]:
     uses_cuda, cpu_path, distributed = _device_words(ctx)
     if not uses_cuda and found.saves_here(call):
         return None  # reloads what this CUDA-free file saved itself (a dataset, a cache)
+    if _in_tests(ctx):
+        return None  # a test loads what it wrote itself, on the devices it has
+    if _saved_on_cpu(ctx, call) or _pretrained_file(ctx, call):
+        return None
     if "offload_to_cpu" in ctx.source or "cpu_offload" in ctx.source:
         return None  # FSDP state dicts gathered to the CPU before saving
     where = start_of(call)
@@ -389,6 +395,106 @@ def _device_note(ctx: Context, call: ast.Call) -> Optional[str]:
     if distributed:
         return "in a multi-process job every rank loads onto the device it was saved from (cuda:0)"
     return "a checkpoint saved on a GPU fails to load on a machine without one"
+
+
+def _in_tests(ctx: Context) -> bool:
+    """The checked file is a test module (see ``_load_flow.is_test_file``)."""
+    found = ctx.cache.get("ST004-test-file")
+    if found is None:
+        rel = ctx.project.relpath(ctx.path)
+        found = ctx.cache["ST004-test-file"] = flow.is_test_file(rel, ctx.tree)
+    return bool(found)
+
+
+def _saved_on_cpu(ctx: Context, call: ast.Call) -> bool:
+    """The project writes the loaded file only from CPU tensors: every save of this file
+    whose path can be the loaded one writes ``.cpu()`` tensors, a module moved to the CPU,
+    numpy data or numbers (at least one such save), where the load names its file by a
+    literal (end) or on the command line (``args.model``); else every save of another file
+    whose path has the same known literal end (``"_best.pth"``, ``"cache.pt"``)."""
+    shape = flow.load_shape(ctx, call)
+    if shape is None:
+        return False
+    here = ctx.project.relpath(ctx.path)
+    found = flow.candidates(ctx, call)
+    named = shape.exact is not None or bool(shape.suffix.strip("./"))
+    mine = [s for s in found if s.path == here]
+    if mine and (named or _command_line_path(call_arg(call, 0, "f"))):
+        # A script whose every checkpoint is written from the CPU, loading one named on its
+        # command line (or by the same literal end), loads its own kind.
+        return all(s.cpu for s in mine)
+    if not named:
+        return False  # a path of unknown shape: it may be any file
+    same = [s for s in found if s.shape.exact is not None or s.shape.suffix.strip("./")]
+    return bool(same) and all(s.cpu for s in same)
+
+
+def _command_line_path(path: Optional[ast.expr]) -> bool:
+    """``args.model``, ``opt.checkpoint``: a path chosen on the command line."""
+    return (
+        isinstance(path, ast.Attribute)
+        and isinstance(path.value, ast.Name)
+        and path.value.id in ("args", "opt", "opts", "options", "flags", "FLAGS")
+    )
+
+
+# Words naming a published pretrained weights file (an ImageNet backbone, converted caffe
+# weights): those are saved from CPU tensors (torchvision's and the model zoos' files are).
+_PRETRAINED_WORDS = ("pretrain", "imagenet", "caffe", "basenet", "backbone")
+
+
+def _pretrained_file(ctx: Context, call: ast.Call) -> bool:
+    """The load reads a published pretrained file, by its name: the path expression, the
+    literal a ``self.x``/local name is set to, or the ``default=``/``help=`` of the argparse
+    option ``args.x`` names a pretrained or ImageNet backbone file."""
+    path = call_arg(call, 0, "f")
+    if path is None:
+        return False
+    words = [ctx.segment(path)]
+    for node in ctx.walk(path):
+        if isinstance(node, ast.Attribute):
+            words.extend(_option_words(ctx, node.attr))
+            words.extend(_attribute_literals(ctx, node.attr))
+    return any(w in word.lower() for word in words for w in _PRETRAINED_WORDS)
+
+
+def _option_words(ctx: Context, name: str) -> List[str]:
+    """The ``default=`` and ``help=`` strings of the argparse option ``--name``."""
+    options = ctx.cache.get("ST004-options")
+    if options is None:
+        options = ctx.cache["ST004-options"] = {}
+        for node in ctx.walk(ctx.tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+            ):
+                texts = [
+                    k.value.value
+                    for k in node.keywords
+                    if k.arg in ("default", "help")
+                    and isinstance(k.value, ast.Constant)
+                    and isinstance(k.value.value, str)
+                ]
+                for flag in node.args:
+                    if isinstance(flag, ast.Constant) and isinstance(flag.value, str):
+                        key = flag.value.lstrip("-").replace("-", "_")
+                        options.setdefault(key, []).extend(texts)
+    return list(options.get(name, []))
+
+
+def _attribute_literals(ctx: Context, name: str) -> List[str]:
+    """The string literals ``self.name`` (or ``x.name``) is set to in this file."""
+    found = ctx.cache.get("ST004-attribute-literals")
+    if found is None:
+        found = ctx.cache["ST004-attribute-literals"] = {}
+        for node in ctx.walk(ctx.tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                if isinstance(node.value.value, str):
+                    for target in node.targets:
+                        if isinstance(target, ast.Attribute):
+                            found.setdefault(target.attr, []).append(node.value.value)
+    return list(found.get(name, []))
 
 
 def _spans(ctx: Context, key: str, nodes: Iterable[Positioned]) -> List[Tuple[Pos, Pos]]:
@@ -463,6 +569,111 @@ def _weights_only_fallback(ctx: Context, call: ast.Call) -> bool:
     return _inside(start_of(call), handlers)
 
 
+def _weights_only_blocker(ctx: Context, call: ast.Call) -> Optional[Tuple[str, bool]]:
+    """Why ``weights_only=True`` may change what ``call`` loads, and whether a save shows it
+    (True) or the contents are only unknown (False); None where the project's flow shows the
+    file holds only what a weights-only load accepts: every save of the project whose path
+    can be the loaded one writes tensors, state dicts, numbers or containers of those (and
+    at least one does), or the result goes straight into a strict ``module.load_state_dict``
+    (which raises on anything but tensors, so a load that works holds only those)."""
+    ctx.project.paths()  # reads the file list, which decides ``complete``
+    if not ctx.project.complete:
+        return "the project is too big to read whole", False
+    if flow.defines_extra_state(ctx):
+        return "the project defines get_extra_state (a state dict may then hold any object)", False
+    if _strict_state_dict_use(ctx, call):
+        return None  # a strict module load accepts only tensors, whichever save wrote it
+    external = _pretrained_file(ctx, call) or _downloaded(ctx, call)
+    found = [] if external else flow.candidates(ctx, call)
+    shape = flow.load_shape(ctx, call)
+    named = shape is not None and (shape.exact is not None or bool(shape.suffix.strip("./")))
+    for save in sorted(found, key=lambda s: not s.held or not s.held.startswith(flow.EVIDENT)):
+        if save.held is not None:
+            # Evidence only where the load names its file; else any save may be the one.
+            evident = named and save.held.startswith(flow.EVIDENT)
+            return f"{save.path}:{save.line} may write it with {save.held}", evident
+    if found:
+        return None
+    if external:
+        return "a downloaded or pretrained file, whose contents are unknown", False
+    return "the project never writes this file, so what it holds is unknown", False
+
+
+# Calls that fetch a file from elsewhere: a load in the same function reads a download.
+_DOWNLOADS = ("urlretrieve", "urlopen", "download", "hf_hub_download", "gdown", "wget")
+
+
+def _downloaded(ctx: Context, call: ast.Call) -> bool:
+    """The function around the load downloads (``urlretrieve``, ``download_url``, ...)."""
+    scope = payloads(ctx)._scope(call)
+    for node in ctx.walk(scope):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if self_attr(func) is not None:
+                continue  # self.download(): the project's own method (it writes a cache)
+            if any(word in name.lower() for word in _DOWNLOADS):
+                return True
+    return False
+
+
+# A receiver of ``load_state_dict`` that is not a module (it accepts any values).
+_NOT_MODULES = ("optim", "sched", "scaler", "opt")
+
+
+def _strict_state_dict_use(ctx: Context, call: ast.Call) -> bool:
+    """The loaded object goes only into strict ``module.load_state_dict(...)`` calls: directly
+    (``model.load_state_dict(torch.load(p))``) or through a name used for nothing else. A
+    strict module load raises on any value that is not a tensor, so the file that loaded
+    holds only what a weights-only load accepts."""
+    uses = _state_dict_uses(ctx)
+    if id(call) in uses:
+        return True
+    found = payloads(ctx)
+    name = found.bindings.get(id(call))
+    if name is None or "." in name:
+        return False
+    scope = found.scope_of.get(id(call), ctx.tree)
+    reads = [
+        n
+        for n in ctx.walk(scope)
+        if isinstance(n, ast.Name)
+        and n.id == name
+        and isinstance(n.ctx, ast.Load)
+        and start_of(n) > start_of(call)
+    ]
+    stores = [
+        n for n in ctx.walk(scope) if isinstance(n, ast.Name) and n.id == name and n not in reads
+    ]
+    return bool(reads) and len(stores) == 1 and all(id(n) in uses for n in reads)
+
+
+def _state_dict_uses(ctx: Context) -> Set[int]:
+    """ids of the expressions passed as the state dict of a strict module ``load_state_dict``."""
+    cached = ctx.cache.get("ST003-state-dict-uses")
+    if cached is None:
+        cached = ctx.cache["ST003-state-dict-uses"] = set()
+        for node in ctx.walk(ctx.tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load_state_dict"
+            ):
+                continue
+            receiver = ctx.segment(node.func.value).lower().split(".")[-1]
+            if any(word in receiver for word in _NOT_MODULES):
+                continue
+            strict = find_keyword(node, "strict")
+            if strict is not None and not is_const(strict.value, True):
+                continue
+            if len(node.args) > 1 and not is_const(node.args[1], True):
+                continue
+            arg = call_arg(node, 0, "state_dict")
+            if arg is not None:
+                cached.add(id(arg))
+    return cached
+
+
 _SAVED_LOAD = (
     "save with st.save and load with st.load (safetorch records the whole-model/numpy files it "
     "writes and loads them fully; a file written before needs `safetorch trust FILE` once)"
@@ -470,7 +681,7 @@ _SAVED_LOAD = (
 
 
 class LoadWithoutWeightsOnly(Rule):
-    """ST003: ``torch.load`` without ``weights_only`` (one finding per call, safety and device).
+    """ST003: ``torch.load`` without ``weights_only``.
 
     ``torch.load`` unpickles: with ``weights_only=False`` (the default before torch 2.6) a
     checkpoint file can run arbitrary code when loaded. Saying ``weights_only=True`` makes
@@ -494,14 +705,25 @@ class LoadWithoutWeightsOnly(Rule):
     for the fallback ``except TypeError:`` of a ``try`` whose load passes ``weights_only`` (a
     torch without that argument, before 1.13).
 
-    Where the load lacks ``map_location`` too, the same finding says so (the preview rule
-    ``load-without-map-location`` is that advice alone): a GPU checkpoint fails on a
-    machine without one, and in a multi-process job every rank loads onto ``cuda:0``.
+    Fix (unsafe, ``--unsafe-fixes``): add ``weights_only=True``, only where the project's
+    save/load flow shows the file holds nothing a weights-only load refuses (every file of
+    the project is read: ``ctx.project_facts``): every ``torch.save`` of the project whose
+    path can be the loaded one (the same literal, or literal ends that agree; a path the
+    checker cannot read can be any) writes tensors, ``state_dict()`` results, numbers,
+    strings or containers of those (a saved value that is a parameter is followed to the
+    calls that pass it), and at least one does; or the loaded object goes straight into a
+    strict ``module.load_state_dict`` (which raises on anything but tensors, so a load that
+    works holds only those: also for a downloaded or pretrained file). Not offered where a
+    save writes a whole module, an instance of a class, an argparse Namespace
+    (``vars(args)`` too: argparse values can be ``Path`` objects or anything a ``type=``
+    returns), an optimizer object, numpy data or a value the checker cannot tell; for a
+    file the project never writes (a download, a user-supplied pretrained file: its
+    contents are unknown); where the project defines ``get_extra_state`` (a state dict may
+    then hold any object); where the project is too big to read whole. The message then says
+    why (which save, what it may write).
 
-    Fix (unsafe, ``--unsafe-fixes``): add ``weights_only=True``. On torch before 2.6 it
-    refuses checkpoints that pickle other objects (numpy scalars, argparse Namespaces) which
-    loaded before. Where the file evidently holds more than weights, ``weights_only=True``
-    refuses it on every torch; where a ``torch.save`` of this file that writes a whole module
+    Where the file evidently holds more than weights, ``weights_only=True`` refuses it on
+    every torch; where a ``torch.save`` of this file that writes a whole module
     or numpy data is the evidence, the fix saves with ``st.save`` and loads with ``st.load``
     instead (one fix, ``import safetorch as st`` added where missing):
 
@@ -571,16 +793,30 @@ class LoadWithoutWeightsOnly(Rule):
                 self._saved_load(node),
             )
             return
-        edit = add_keywords(self.ctx, node, "weights_only=True")
-        # weights_only=True refuses checkpoints that pickle other objects (numpy scalars,
-        # argparse Namespaces) on torch < 2.6: a resume that worked would fail.
+        # weights_only=True refuses checkpoints that pickle other objects (whole modules,
+        # argparse Namespaces, numpy scalars): offered only where the project's flow shows
+        # the file holds nothing else.
+        blocker = _weights_only_blocker(self.ctx, node)
+        edit = None if blocker is not None else add_keywords(self.ctx, node, "weights_only=True")
         fix = None if edit is None else Fix("add weights_only=True", (edit,), UNSAFE)
-        self.report(
-            node,
+        head = (
             "torch.load without weights_only can execute code from the file (the default "
-            f"before torch 2.6): pass weights_only=True or use st.load{tail}",
-            fix,
+            "before torch 2.6)"
         )
+        if blocker is None:
+            advice = "pass weights_only=True or use st.load"
+        elif blocker[1]:
+            advice = (
+                f"weights_only=True may refuse the file: {blocker[0]}; save state_dicts or "
+                "tensors there, or save with st.save and load with st.load (safetorch records "
+                "the files it writes and loads them fully)"
+            )
+        else:
+            advice = (
+                "pass weights_only=True if the file holds only tensors and state dicts, or use "
+                f"st.load (no automatic fix: {blocker[0]})"
+            )
+        self.report(node, f"{head}: {advice}{tail}", fix)
 
     def _saved_load(self, call: ast.Call) -> Optional[Fix]:
         """``st.save`` for the saves of this file that write the path ``call`` loads, and
@@ -641,15 +877,22 @@ class LoadWithoutMapLocation(Rule):
     a GPU checkpoint fails on a CPU-only machine, and in multi-GPU jobs every rank piles its
     copy onto ``cuda:0``.
 
-    Quiet where the file evidently never held GPU tensors (it saves that path from
-    ``.cpu()`` tensors or numpy data, FSDP CPU offload), where the load runs only with CUDA
-    (the CUDA branch of an ``if`` whose other branch maps, or under ``if
-    torch.cuda.is_available():``), and in CUDA-only single-process scripts.
+    It fires on a file that can hold GPU tensors, loaded where the script also runs without
+    CUDA (a CPU fallback: ``torch.cuda.is_available()``, a ``"cpu"`` device, a ``--cuda``
+    flag) or in several processes (DDP, ``torch.multiprocessing`` ranks, each loading onto
+    the device the file was saved from). Quiet where the evidence says the file holds CPU
+    tensors: every save of the project that can write the loaded path writes ``.cpu()``
+    tensors, a module moved to the CPU before its ``state_dict()`` is saved, numpy data, or
+    tensors made in a file that never names a device (a dataset cache); the file names a
+    published pretrained backbone (its path, the literal it is set to, or the argparse
+    option's ``default=``/``help=`` says pretrained, ImageNet, caffe, basenet, backbone:
+    those files hold CPU tensors); FSDP CPU offload. Quiet where the device it was saved
+    from is there: the load runs only with CUDA (the CUDA branch of an ``if`` whose other
+    branch maps, or under ``if torch.cuda.is_available():``), a CUDA-only single-process
+    script, a test module (a test loads what it wrote itself, on the devices it has).
 
-    Preview: 54 of 63 findings (86%) were right on the labelled corpus of real repositories
-    (``benchmarks/check_corpus``); it cannot see that a downloaded pretrained file or a
-    dataset cache holds CPU tensors. In the default set the ``load-without-weights-only``
-    finding for the same call carries this advice.
+    In the default set: 65 of 67 findings right on the development half of the labelled
+    corpus (``benchmarks/check_corpus``).
 
     Fix (manual): pass ``map_location="cpu"`` (or the rank's device).
 
@@ -660,10 +903,6 @@ class LoadWithoutMapLocation(Rule):
 
     name = "load-without-map-location"
     torch_symbols = ("torch.load",)
-    # Opt-in (54 of 63 findings right on the labelled corpus, benchmarks/check_corpus):
-    # load-without-weights-only carries the same device advice, so one torch.load call gets
-    # one finding.
-    preview = True
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:

@@ -1,0 +1,376 @@
+"""ST003's ``weights_only=True`` fix follows the project's save flow, and ST004 fires only
+where a GPU checkpoint can meet a machine or a rank without that device (issue 33 items 3
+and 4, issue 34's weights_only point).
+
+Each test writes a small project into ``tmp_path`` (a ``setup.py`` marks its root) in our
+own words; the test of an offered fix runs the project's save and the fixed load under torch.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+
+from safetorch.check import project
+from safetorch.check.engine import Diagnostic
+from safetorch.check.rules import RULE_TABLE
+from safetorch.check.runner import check_file, check_paths
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_projects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # Scripts of the project run from its root and import its modules (model.py).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "model", raising=False)
+    project.clear()
+    yield
+    project.clear()
+
+
+def _write(root: Path, files: Dict[str, str]) -> None:
+    (root / "setup.py").write_text("")
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+
+
+def _findings(root: Path, name: str, code: str) -> List[Diagnostic]:
+    results = check_paths([str(root)], select=[code])
+    return [d for r in results if r.path.endswith(name) for d in r.diagnostics if d.code == code]
+
+
+MODEL = """
+    import torch.nn as nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+"""
+
+
+# -- ST003: the weights_only fix --------------------------------------------------------------
+def test_whole_module_saved_in_another_file_gets_no_fix(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "export.py": """
+                import torch
+                from model import Net
+
+                def export(path):
+                    net = Net()
+                    torch.save(net, path)  # the whole pickled module
+
+                export("net.pt")
+            """,
+            "train.py": """
+                import sys
+                import torch
+
+                net = torch.load(sys.argv[1])
+                print(type(net).__name__)
+            """,
+        },
+    )
+    (finding,) = _findings(tmp_path, "train.py", "ST003")
+    assert finding.fix is None
+    assert "export.py:6 may write it with an instance of a class (`net = Net()`)" in finding.message
+    # The fix would have broken the load: a weights-only load refuses the pickled module.
+    runpy.run_path(str(tmp_path / "export.py"))
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        torch.load(tmp_path / "net.pt", weights_only=True)
+
+
+def test_namespace_saved_inside_a_checkpoint_gets_no_fix(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "prepare.py": """
+                import argparse
+                import torch
+                from model import Net
+
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--lr", type=float, default=0.1)
+                args = parser.parse_args([])
+                net = Net()
+                torch.save({"args": args, "weights": net.state_dict()}, "start.pt")
+            """,
+            "train.py": """
+                import torch
+                from model import Net
+
+                start = torch.load("start.pt")
+                net = Net()
+                net.load_state_dict(start["weights"])
+            """,
+        },
+    )
+    (finding,) = _findings(tmp_path, "train.py", "ST003")
+    assert finding.fix is None
+    assert "an argparse Namespace" in finding.message and "prepare.py:9" in finding.message
+    runpy.run_path(str(tmp_path / "prepare.py"))
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        torch.load(tmp_path / "start.pt", weights_only=True)
+
+
+STATE_DICTS = {
+    "model.py": MODEL,
+    "train.py": """
+        import torch
+        from model import Net
+
+        def save_checkpoint(state, path):
+            torch.save(state, path)
+
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for epoch in range(2):
+            loss = net(torch.ones(1, 3)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            save_checkpoint(
+                {"model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1},
+                "runs/last.pth",
+            )
+        torch.save(net.state_dict(), "runs/weights.pth")
+    """,
+    "evaluate.py": """
+        import torch
+        from model import Net
+
+        checkpoint = torch.load("runs/last.pth", map_location="cpu")
+        net = Net()
+        net.load_state_dict(checkpoint["model"])
+        epoch = checkpoint["epoch"]
+        weights = torch.load("runs/weights.pth", map_location="cpu")
+    """,
+}
+
+
+def test_project_that_saves_only_state_dicts_gets_the_fix_and_it_loads(tmp_path: Path) -> None:
+    _write(tmp_path, STATE_DICTS)
+    findings = _findings(tmp_path, "evaluate.py", "ST003")
+    assert [d.line for d in findings] == [4, 8]
+    assert all(d.fix is not None and d.fix.message == "add weights_only=True" for d in findings)
+    result = check_file(
+        str(tmp_path / "evaluate.py"), select=["ST003"], fix=True, unsafe_fixes=True
+    )
+    assert result.after is not None and result.after.count("weights_only=True") == 2
+    # Run the project's own save, then the fixed load: the same tensors come back.
+    (tmp_path / "runs").mkdir()
+    saved = runpy.run_path(str(tmp_path / "train.py"))
+    (tmp_path / "evaluate_fixed.py").write_text(result.after)
+    loaded = runpy.run_path(str(tmp_path / "evaluate_fixed.py"))
+    assert loaded["epoch"] == 2
+    for key, value in saved["net"].state_dict().items():
+        assert torch.equal(loaded["net"].state_dict()[key], value)
+        assert torch.equal(loaded["weights"][key], value)
+
+
+def test_no_fix_when_the_project_is_not_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path, STATE_DICTS)
+    monkeypatch.setattr(project, "MAX_FILES", 1)
+    findings = _findings(tmp_path, "evaluate.py", "ST003")
+    assert findings and all(d.fix is None for d in findings)
+    assert "too big to read whole" in findings[0].message
+
+
+def test_file_the_project_never_writes(tmp_path: Path) -> None:
+    # A downloaded file: contents unknown, unless it goes straight into a strict
+    # module.load_state_dict (which itself accepts nothing but tensors).
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "zoo.py": """
+                import torch
+                from urllib.request import urlretrieve
+                from model import Net
+
+                def pretrained(url, path):
+                    urlretrieve(url, path)
+                    net = Net()
+                    net.load_state_dict(torch.load(path))
+                    return net
+
+                def loose(url, path):
+                    urlretrieve(url, path)
+                    net = Net()
+                    net.load_state_dict(torch.load(path), strict=False)
+                    return net
+
+                def anything(url, path):
+                    urlretrieve(url, path)
+                    return torch.load(path)
+            """,
+        },
+    )
+    strict, loose, anything = _findings(tmp_path, "zoo.py", "ST003")
+    assert strict.fix is not None
+    assert loose.fix is None and anything.fix is None
+    assert "downloaded or pretrained file" in anything.message
+    # The fixed strict load reads a state dict file as the unfixed one did.
+    net = runpy.run_path(str(tmp_path / "model.py"))["Net"]()
+    torch.save(net.state_dict(), tmp_path / "w.pt")
+    again = runpy.run_path(str(tmp_path / "model.py"))["Net"]()
+    again.load_state_dict(torch.load(tmp_path / "w.pt", weights_only=True))
+    assert torch.equal(again.fc.weight, net.fc.weight)
+
+
+def test_get_extra_state_withholds_the_fix(tmp_path: Path) -> None:
+    files = dict(STATE_DICTS)
+    files["extra.py"] = """
+        import torch.nn as nn
+
+        class Tagged(nn.Module):
+            def get_extra_state(self):
+                return {"tag": object()}
+    """
+    _write(tmp_path, files)
+    findings = _findings(tmp_path, "evaluate.py", "ST003")
+    assert findings and all(d.fix is None for d in findings)
+    assert "get_extra_state" in findings[0].message
+
+
+# -- ST004: map_location ----------------------------------------------------------------------
+def test_map_location_rule_is_default() -> None:
+    assert not RULE_TABLE["ST004"].preview
+
+
+GPU_TRAINED = """
+    import torch
+    from model import Net
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net = Net().to(device)
+    torch.save(net.state_dict(), "best.pth")
+"""
+
+
+def test_gpu_checkpoint_loaded_by_a_script_that_runs_without_cuda(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "train.py": GPU_TRAINED,
+            "demo.py": """
+                import torch
+                from model import Net
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+                net = Net().to(device)
+                net.load_state_dict(torch.load("best.pth"))
+            """,
+        },
+    )
+    (finding,) = _findings(tmp_path, "demo.py", "ST004")
+    assert "fails to load on a machine without one" in finding.message
+
+
+def test_every_rank_loading_onto_the_saving_device(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "ddp.py": """
+                import torch
+                import torch.distributed as dist
+                from model import Net
+
+                dist.init_process_group("nccl")
+                rank = dist.get_rank()
+                net = Net().cuda(rank)
+                net.load_state_dict(torch.load("best.pth"))
+            """,
+        },
+    )
+    (finding,) = _findings(tmp_path, "ddp.py", "ST004")
+    assert "every rank" in finding.message
+
+
+def test_checkpoint_saved_from_the_cpu_is_quiet(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "style.py": """
+                import torch
+                from model import Net
+
+                def train(args):
+                    device = torch.device("cuda" if args.cuda else "cpu")
+                    net = Net().to(device)
+                    net.eval().cpu()
+                    torch.save(net.state_dict(), args.out)
+
+                def stylize(args):
+                    device = torch.device("cuda" if args.cuda else "cpu")
+                    net = Net()
+                    net.load_state_dict(torch.load(args.model))
+                    net.to(device)
+            """,
+            "cache.py": """
+                import os
+                import torch
+
+                class Digits:
+                    cache = "digits.pt"
+
+                    def __init__(self, root):
+                        path = os.path.join(root, self.cache)
+                        if not os.path.exists(path):
+                            with open(path, "wb") as f:
+                                torch.save(torch.zeros(4, 4), f)
+                        self.data = torch.load(path)
+            """,
+        },
+    )
+    assert _findings(tmp_path, "style.py", "ST004") == []
+    assert _findings(tmp_path, "cache.py", "ST004") == []
+
+
+def test_pretrained_backbone_and_tests_are_quiet(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "train.py": GPU_TRAINED
+            + """
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base", default="vgg_reduced.pth", help="ImageNet-pretrained base")
+    args = parser.parse_args()
+    net.load_state_dict(torch.load(args.base))
+""",
+            "tests/test_roundtrip.py": """
+                import torch
+                from model import Net
+
+                def test_roundtrip(tmp_path):
+                    net = Net().to("cuda" if torch.cuda.is_available() else "cpu")
+                    torch.save(net.state_dict(), tmp_path / "n.pt")
+                    assert torch.load(tmp_path / "n.pt").keys() == net.state_dict().keys()
+            """,
+        },
+    )
+    assert _findings(tmp_path, "train.py", "ST004") == []
+    assert _findings(tmp_path, "test_roundtrip.py", "ST004") == []
