@@ -225,7 +225,7 @@ def test_directory_walk_skips_default_excludes(
 def test_noqa_suppresses(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "m.py"
     path.write_text("import torch\nsd = torch.load('a.pt')  # noqa: ST003, ST004\nx = 1  # noqa\n")
-    assert run(capsys, str(path))[0] == 0
+    assert run(capsys, "--select", "ST003,ST004", str(path))[0] == 0
 
 
 def test_parallel_jobs_match_serial(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -34,12 +34,13 @@ from safetorch.check.fixer import import_edit, wrap_edits
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy_fixes"
 PAIRS = sorted(FIXTURES.glob("*.in.py"))
 _EXPECT = re.compile(r"# expect: ((?:ST\d{3} ?)+)")
+EVERY_RULE = ["ALL", "PREVIEW"]  # the preview rules too (ST019, ST020, ...)
 
 
 def _touched(before: str, path: str) -> Set[int]:
     return {
         line
-        for d in check_source(before, path)
+        for d in check_source(before, path, EVERY_RULE)
         if d.fix is not None
         for e in d.fix.edits
         for line in range(e.line, e.end_line + 1)
@@ -58,34 +59,38 @@ def test_pairs_exist() -> None:
 @pytest.mark.parametrize("path", PAIRS, ids=lambda p: p.name)
 def test_findings_are_the_expected_ones(path: Path) -> None:
     source = path.read_text()
-    got = sorted((d.line, d.code) for d in check_source(source, str(path)))
+    got = sorted((d.line, d.code) for d in check_source(source, str(path), EVERY_RULE))
     assert got == expected_codes(source, _EXPECT)
 
 
 @pytest.mark.parametrize("path", PAIRS, ids=lambda p: p.name)
 def test_fix_pair(path: Path) -> None:
     before = path.read_text()
-    after = fix_source(before, str(path), unsafe_fixes=True)
+    after = fix_source(before, str(path), EVERY_RULE, unsafe_fixes=True)
     assert after == path.with_name(path.name.replace(".in.py", ".out.py")).read_text()
-    assert fix_source(after, str(path), unsafe_fixes=True) == after  # idempotent
+    assert fix_source(after, str(path), EVERY_RULE, unsafe_fixes=True) == after  # idempotent
     safe = path.with_name(path.name.replace(".in.py", ".safe.out.py"))
-    assert fix_source(before, str(path)) == (safe.read_text() if safe.exists() else before)
+    assert fix_source(before, str(path), EVERY_RULE) == (
+        safe.read_text() if safe.exists() else before
+    )
     ast.parse(after)
-    left = check_source(after, str(path))
+    left = check_source(after, str(path), EVERY_RULE)
     assert [str(d) for d in left if d.fix is not None] == []
-    new = Counter(d.code for d in left) - Counter(d.code for d in check_source(before, str(path)))
+    new = Counter(d.code for d in left) - Counter(
+        d.code for d in check_source(before, str(path), EVERY_RULE)
+    )
     assert new == Counter()
 
 
 @pytest.mark.parametrize("path", PAIRS, ids=lambda p: p.name)
 def test_fix_changes_only_the_lines_of_findings(path: Path) -> None:
     before = path.read_text()
-    after = fix_source(before, str(path), unsafe_fixes=True)
+    after = fix_source(before, str(path), EVERY_RULE, unsafe_fixes=True)
     touched = set()
     current = before
     for _ in range(5):  # fixes deferred to a later pass touch lines of the text of that pass
         touched |= _touched(current, str(path))
-        nxt = fix_source(current, str(path), unsafe_fixes=True)
+        nxt = fix_source(current, str(path), EVERY_RULE, unsafe_fixes=True)
         if nxt == current:
             break
         current = nxt

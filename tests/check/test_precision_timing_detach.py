@@ -12,6 +12,7 @@ from typing import List, Tuple
 import pytest
 
 from safetorch.check import check_source
+from safetorch.check.rules import RULE_TABLE
 
 _CUDA_HEADER = """\
 import time
@@ -28,10 +29,10 @@ def _lines(src: str, code: str) -> List[int]:
 
 def _timing(body: str) -> List[int]:
     """Lines of the ST006 findings (numbered within ``body``) in ``body`` after a header
-    that puts a model on CUDA; ST006 is a default rule (no ``select``)."""
+    that puts a model on CUDA; ST006 is a preview rule, selected by its code."""
     src = _CUDA_HEADER + textwrap.dedent(body)
     offset = _CUDA_HEADER.count("\n")
-    return [d.line - offset for d in check_source(src, "m.py") if d.code == "ST006"]
+    return [d.line - offset for d in check_source(src, "m.py", ["ST006"]) if d.code == "ST006"]
 
 
 # -- ST006: findings kept ----------------------------------------------------------------------
@@ -248,19 +249,21 @@ def test_timing_of_a_whole_training_whose_iterations_wait() -> None:
     assert _timing(body) == []
 
 
-def test_seed_timing_fixture_found_by_default() -> None:
+def test_seed_timing_fixture_found_when_selected() -> None:
     from pathlib import Path
 
+    # ST006 measured below 97% on the held-out corpus half: preview, run when selected.
+    assert RULE_TABLE["ST006"].preview
     path = Path(__file__).parent / "fixtures" / "timing.py"
-    found = [(d.line, d.code) for d in check_source(path.read_text(), str(path))]
+    found = [(d.line, d.code) for d in check_source(path.read_text(), str(path), ["ST006"])]
     assert [f for f in found if f[1] == "ST006"] == [(12, "ST006"), (20, "ST006"), (27, "ST006")]
 
 
 # -- ST005: findings kept ----------------------------------------------------------------------
 def _detach(body: str) -> List[int]:
-    """Lines of the ST005 findings in ``body`` (a default rule: no ``select``)."""
+    """Lines of the ST005 findings in ``body`` (a preview rule, selected by its code)."""
     src = "import torch\n" + textwrap.dedent(body)
-    return [d.line - 1 for d in check_source(src, "m.py") if d.code == "ST005"]
+    return [d.line - 1 for d in check_source(src, "m.py", ["ST005"]) if d.code == "ST005"]
 
 
 @pytest.mark.parametrize(
@@ -332,7 +335,7 @@ def _detach(body: str) -> List[int]:
 )
 def test_detach_finding_kept(body: str, lines: List[int], why: str) -> None:
     src = "import torch\n" + textwrap.dedent(body)
-    found = [d for d in check_source(src, "m.py") if d.code == "ST005"]
+    found = [d for d in check_source(src, "m.py", ["ST005"]) if d.code == "ST005"]
     assert [d.line - 1 for d in found] == lines
     assert why in found[0].message
 
@@ -365,11 +368,14 @@ def test_detach_of_a_fresh_tensor_or_a_gradient_is_not_reported(body: str) -> No
     assert _detach(body) == []
 
 
-def test_seed_detach_fixture_found_by_default() -> None:
+def test_seed_detach_fixture_found_when_selected() -> None:
     from pathlib import Path
 
+    # ST005 measured below 97% on the held-out corpus half: preview, run when selected.
+    assert RULE_TABLE["ST005"].preview
     path = Path(__file__).parent / "fixtures" / "detach.py"
-    found = [d.line for d in check_source(path.read_text(), str(path)) if d.code == "ST005"]
+    source = path.read_text()
+    found = [d.line for d in check_source(source, str(path), ["ST005"]) if d.code == "ST005"]
     assert found == [5, 7, 8, 10, 12, 13, 21]
 
 

@@ -7,8 +7,9 @@ idioms of public examples of that era; see each script's docstring):
 * ``python -m safetorch run`` completes with finite results that match the hand-modernised
   copy on the first iterations (where the manifest says an idiom cannot be shimmed, it fails
   with that error instead);
-* the copy ``safetorch check --fix --unsafe-fixes`` wrote leaves nothing fixable behind,
-  runs with plain ``python`` (no ``safetorch run``) and matches the modernised copy too;
+* the copy ``safetorch check --fix --unsafe-fixes --select ALL,PREVIEW`` wrote (the preview
+  rules' fixes too) leaves nothing fixable behind, runs with plain ``python`` (no
+  ``safetorch run``) and matches the modernised copy too;
   where one script loads a whole-model or numpy file another one saved (ST003 has no fix
   there; a save and load in one file become ``st.save`` and ``st.load``) a
   weights-only-by-default torch refuses that load under plain ``python``, and the copy
@@ -38,6 +39,7 @@ from safetorch.check import check_paths
 SCRIPTS = Path(__file__).parent / "scripts"
 MANIFEST: List[Dict[str, Any]] = json.loads((SCRIPTS / "manifest.json").read_text())["scripts"]
 FIRST = 3  # iterations whose losses must match the modernised copy closely
+EVERY_RULE = ["ALL", "PREVIEW"]  # the preview rules' fixes too (ST019, ST020, ...)
 
 pytestmark = pytest.mark.slow
 
@@ -143,10 +145,10 @@ def test_legacy_script(
         assert shimmed.code != 0 and entry["run_error"] in shimmed.stderr, shimmed.stderr[-3000:]
 
     fixed_dir = _copy(name, "legacy", tmp_path / "fixed")
-    argv = ["check", "--fix", "--unsafe-fixes", "--isolated", "--exit-zero", str(fixed_dir)]
-    assert safetorch_main(argv) == 0
+    argv = ["check", "--fix", "--unsafe-fixes", "--isolated", "--exit-zero"]
+    assert safetorch_main([*argv, "--select", "ALL,PREVIEW", str(fixed_dir)]) == 0
     capsys.readouterr()
-    left = [d for r in check_paths([str(fixed_dir)]) for d in r.diagnostics]
+    left = [d for r in check_paths([str(fixed_dir)], select=EVERY_RULE) for d in r.diagnostics]
     assert [str(d) for d in left if d.fix is not None] == []
     unfixed = [d for d in left if d.code == "ST003" and "evidently holds" in d.message]
     assert bool(unfixed) == (name in LOADED_ELSEWHERE), [str(d) for d in unfixed]
