@@ -173,7 +173,7 @@ def file_loads(tree: ast.Module, relpath: str = "") -> FileLoads:
     self_wrapped: Dict[str, str] = {}
     scopes: List[ast.AST] = [tree, *(n for n in ast.walk(tree) if isinstance(n, FUNCTION_DEFS))]
     for scope in scopes:
-        for stmt, branch in _own_statements(scope.body):  # type: ignore[attr-defined]
+        for stmt, branch in _own_statements(scope.body):  # type: ignore[attr-defined]  # module or function
             if isinstance(stmt, ast.Assign):
                 state = _wrap_state(stmt.value, branch)
                 for target in stmt.targets:
@@ -196,7 +196,7 @@ def _scope_loads(scope: ast.AST, self_wrapped: Dict[str, str], strips: bool) -> 
     loaded: Set[str] = set()  # names holding what torch.load returned (or a part of it)
     keys: Dict[str, Set[str]] = {}
     through: Dict[str, Set[str]] = {}  # name -> functions its value passed through
-    for stmt, branch in _own_statements(scope.body):  # type: ignore[attr-defined]
+    for stmt, branch in _own_statements(scope.body):  # type: ignore[attr-defined]  # module or function
         if isinstance(stmt, ast.Assign):
             state = _wrap_state(stmt.value, branch)
             from_load = _calls_torch_load(stmt.value) or any(

@@ -552,6 +552,8 @@ class LegacyAutogradFunction(Rule):
 
     code = "ST019"
 
+    preview = True  # below 97% on the held-out corpus half (docs/check.md)
+
     name = "legacy-autograd-function"
     uses = "st.legacy.legacy_function"
     torch_symbols = ("torch.autograd.Function",)
@@ -1231,6 +1233,8 @@ class ZeroDimIndex(Rule):
     """
 
     code = "ST020"
+
+    preview = True  # below 97% on the held-out corpus half (docs/check.md)
 
     name = "zero-dim-index"
     uses = "st.legacy.zero_dim_index"
