@@ -1471,6 +1471,12 @@ class VolatileVariable(Rule):
         region = block[start:]
         if any(isinstance(s, _NOT_WRAPPED) for s in region):
             return None
+        if call.lineno != (call.end_lineno or call.lineno):
+            return None  # the indent edits would land inside the call this fix rewrites
+        if any(_needs_grad(self.ctx, s) for s in region):
+            # A backward or an optimizer step after it: 0.3 cut volatility where the code
+            # re-wrapped `.data`, so a no_grad over the rest would take the graph it needs.
+            return None
         names = import_edit(self.ctx, [("torch", None)])
         if names is None:
             return None
@@ -1521,6 +1527,22 @@ class VolatileVariable(Rule):
             "st.legacy.volatile's)",
             fix,
         )
+
+
+_GRAD_CALLS = ("torch.autograd.grad", "torch.autograd.backward")
+
+
+def _needs_grad(ctx: Context, stmt: ast.AST) -> bool:
+    """Whether ``stmt`` calls ``.backward()``, ``.step()`` or ``torch.autograd.grad``: code
+    that a ``with torch.no_grad():`` around it would break."""
+    for node in ctx.walk(stmt):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("backward", "step"):
+                return True
+            if ctx.qualname(func) in _GRAD_CALLS:
+                return True
+    return False
 
 
 def _under_no_grad(ctx: Context, stmt: ast.AST) -> bool:
