@@ -1382,8 +1382,9 @@ class VolatileVariable(Rule):
       that makes the Variable on, runs under ``with torch.no_grad():`` (volatility reached
       everything computed from the value: the test loop of an MNIST example becomes the
       modern one). Where that block cannot be wrapped (the value is returned, a function or
-      class is defined after it) the call becomes ``st.legacy.volatile(x)``, the tensor that
-      computes everything from it without a graph.
+      class is defined after it, a ``backward()``/``.step()``/``torch.autograd.grad`` follows
+      and needs its graph, the call spans several lines) the call becomes
+      ``st.legacy.volatile(x)``, the tensor that computes everything from it without a graph.
     - ``volatile=flag`` (``get_batch(..., evaluation=True)``): ``(st.legacy.volatile(x) if
       flag else Variable(x))``.
     - ``type(h) == Variable`` -> ``isinstance(h, torch.Tensor)`` (``!=``: ``not
