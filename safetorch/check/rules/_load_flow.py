@@ -38,7 +38,7 @@ from typing import (
     Union,
 )
 
-from safetorch.check.engine import Context, canonical
+from safetorch.check.engine import Context
 
 __all__ = [
     "EVIDENT",
@@ -159,33 +159,17 @@ class Save:
 Scope = Union[ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda]
 
 
-def _imports(tree: ast.Module) -> Dict[str, str]:
-    names: Dict[str, str] = {}
+def _resolver(path: str, tree: ast.Module) -> Context:
+    """The engine's name resolution for another file of the project: a Context holding every
+    import statement of ``tree`` (nested ones included), for ``qualname`` and ``imports``."""
+    ctx = Context(path, "", tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    names[alias.asname] = alias.name
-                else:
-                    root = alias.name.split(".", 1)[0]
-                    names[root] = root
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                if alias.name != "*":
-                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    return names
+        ctx.add_imports(node)
+    return ctx
 
 
-def _dotted(node: ast.AST) -> Optional[List[str]]:
-    parts: List[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    parts.reverse()
-    return parts
+def _imports(tree: ast.Module) -> Dict[str, str]:
+    return _resolver("<project file>", tree).imports
 
 
 class _File:
@@ -194,7 +178,8 @@ class _File:
     def __init__(self, tree: ast.Module, path: str) -> None:
         self.tree = tree
         self.path = path
-        self.imports = _imports(tree)
+        self._resolver = _resolver(path, tree)
+        self.imports = self._resolver.imports
         self.parent: Dict[int, Scope] = {}  # id(node) -> innermost function (or module)
         self.class_of: Dict[int, bool] = {}  # id(function) -> defined in a class body
         self.class_body: Dict[int, bool] = {}  # id(statement) -> directly in a class body
@@ -219,13 +204,7 @@ class _File:
                 self._index(child, scope, in_class)
 
     def qual(self, node: ast.AST) -> Optional[str]:
-        parts = _dotted(node)
-        if parts is None:
-            return None
-        base = self.imports.get(parts[0])
-        if base is None:
-            return None
-        return canonical(".".join([base, *parts[1:]]))
+        return self._resolver.qualname(node)
 
     def scope_of(self, node: ast.AST) -> Scope:
         return self.parent.get(id(node), self.tree)
