@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Set, Tup
 
 import torch
 
-from safetorch import _compat
+from safetorch import _compat, _six_names
 from safetorch._stack import user_frame, user_stacklevel
 from safetorch.errors import PatchWarning
 
@@ -389,30 +389,9 @@ def _bind_method(fn: Callable[..., Any], obj: Any, obj_type: Any) -> Any:
     return types.MethodType(fn, obj)
 
 
-# The Python 3 values of torch/_six.py's names (torch 1.5 lists the most; 1.13 kept inf, nan,
-# string_classes, PY37 and with_metaclass) and their modern spelling, for the report and
-# the rule.
-SIX_MODERN: Dict[str, str] = {
-    "PY2": "False",
-    "PY3": "True",
-    "PY37": "sys.version_info >= (3, 7)",
-    "inf": "math.inf",
-    "nan": "math.nan",
-    "string_classes": "(str, bytes)",
-    "int_classes": "int",
-    "container_abcs": "collections.abc",
-    "FileNotFoundError": "FileNotFoundError",
-    "queue": "queue",
-    "builtins": "builtins",
-    "with_metaclass": "class C(Base, metaclass=Meta)",
-    "imap": "map",
-    "exec_": "exec",
-    "raise_from": "raise value from from_value",
-    "get_function_from_type": "getattr(cls, name, None)",
-    "StringIO": "io.StringIO",
-    "istuple": "isinstance(obj, tuple)",
-    "bind_method": "types.MethodType(fn, obj)",
-}
+# The Python 3 values of torch/_six.py's names and their modern spelling, for the report and
+# the rule (one torch-free table, which the checker shares).
+SIX_MODERN = _six_names.SIX_MODERN
 
 six = types.ModuleType(
     "torch._six",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set, Tuple
 
+from safetorch._six_names import SIX_MODERN
 from safetorch.check.engine import Context, Fix
 from safetorch.check.fixer import import_edit, parents
 from safetorch.check.rules._base import Rule
@@ -54,27 +55,10 @@ _SIX_EXPRESSIONS: Dict[str, Tuple[str, Optional[str], Tuple[str, ...]]] = {
     "StringIO": ("{io}.StringIO", "io", ()),
 }
 
-# what to write instead, for the message (``st.legacy.SIX_MODERN`` has the same spellings)
+# what to write instead, for the message: st.legacy's table, string_classes with its caveat
 _MODERN: Dict[str, str] = {
-    "PY2": "False",
-    "PY3": "True",
-    "PY37": "sys.version_info >= (3, 7)",
-    "inf": "math.inf",
-    "nan": "math.nan",
+    **SIX_MODERN,
     "string_classes": "(str, bytes) (or str where only text is meant)",
-    "int_classes": "int",
-    "container_abcs": "collections.abc",
-    "FileNotFoundError": "FileNotFoundError",
-    "queue": "queue",
-    "builtins": "builtins",
-    "with_metaclass": "class C(Base, metaclass=Meta)",
-    "imap": "map",
-    "exec_": "exec",
-    "raise_from": "raise value from from_value",
-    "get_function_from_type": "getattr(cls, name, None)",
-    "StringIO": "io.StringIO",
-    "istuple": "isinstance(obj, tuple)",
-    "bind_method": "types.MethodType(fn, obj)",
 }
 
 _HEAD = "torch._six was removed in torch 2.0"
