@@ -140,6 +140,18 @@ def test_a_script_resuming_what_it_saves(tmp_path: Path) -> None:
                 return torch.load(path)
             """,
         },
+        # an object's own device attribute is no command-line switch to the CPU
+        {
+            "train.py": TRAIN,
+            "serve.py": """
+            import torch
+
+            class Server:
+                def load(self):
+                    self.model.to(self.device)
+                    return torch.load("runs/last.pth")
+            """,
+        },
         # a helper that saves what it is given, in a file that never names CUDA
         {
             "io_utils.py": """

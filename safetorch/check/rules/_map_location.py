@@ -187,10 +187,20 @@ def cuda_save(ctx: Context, call: ast.Call) -> Optional[flow.Save]:
     return None
 
 
+# Names of the object a script's options live on (``args.cuda``, ``opt.device``).
+_OPTIONS = frozenset({"args", "opt", "opts", "options", "cfg", "config", "flags", "FLAGS"})
+
+
 def _is_switch(node: ast.AST) -> bool:
-    """``args.cuda`` / ``opt.no_cuda`` / ``use_gpu`` read (not called): a device switch."""
+    """``args.cuda`` / ``opt.no_cuda`` / ``use_gpu`` read (not called): a device switch of
+    the command line (not ``self.device``, which any object may have)."""
     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-        return node.attr in _SWITCHES and isinstance(node.value, ast.Name)
+        value = node.value
+        return (
+            node.attr in _SWITCHES
+            and isinstance(value, ast.Name)
+            and (value.id in _OPTIONS or value.id.endswith("args"))
+        )
     return isinstance(node, ast.Name) and node.id in ("use_cuda", "use_gpu", "no_cuda")
 
 
