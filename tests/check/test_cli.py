@@ -161,9 +161,11 @@ def test_fix_writes_and_is_idempotent(capsys: pytest.CaptureFixture[str], legacy
 @pytest.mark.parametrize(
     "encoded",
     [
-        "# é\ny = x.detach().add_(1)\n".encode("utf-8-sig"),
-        "# -*- coding: latin-1 -*-\n# é\ny = x.detach().add_(1)\n".encode("latin-1"),
-        b"# crlf\r\ny = x.detach().add_(1)\r\n",
+        "# é\nx = net(a)\ny = x.detach().add_(1)\nx.sum().backward()\n".encode("utf-8-sig"),
+        "# -*- coding: latin-1 -*-\n# é\nx = net(a)\ny = x.detach().add_(1)\nx.sum().backward()\n".encode(
+            "latin-1"
+        ),
+        b"# crlf\r\nx = net(a)\r\ny = x.detach().add_(1)\r\nx.sum().backward()\r\n",
     ],
     ids=["bom", "latin-1", "crlf"],
 )

@@ -65,14 +65,19 @@ def test_load_fix_loads_the_same_tensors(tmp_path: Any) -> None:
 
 
 def test_detach_fix_leaves_the_source_tensor_alone() -> None:
-    body = "y = x.detach()\ny.add_(1)\nout = y * 2"
+    # h is a graph's output, used again by the loss after the write: ST005's evidence.
+    body = "h = double(x)\ny = h.detach()\ny.add_(1)\nout = y * 2\nloss = h.sum()\nloss.backward()"
+
+    def double(t: "torch.Tensor") -> "torch.Tensor":
+        return t * 2
+
     x = torch.zeros(3, requires_grad=True)
-    run(HEADER + body, x=x)
-    assert x.detach().sum().item() == 3  # the original wrote into x
+    assert run(HEADER + body, x=x, double=double)["loss"].item() == 3  # the write reached h
     x2 = torch.zeros(3, requires_grad=True)
-    out = run(fixed(body), x=x2)["out"]
-    assert x2.detach().sum().item() == 0  # the fix does not
-    torch.testing.assert_close(out, torch.full((3,), 2.0))
+    found = run(fixed(body), x=x2, double=double)
+    assert found["loss"].item() == 0  # the fix does not write into h
+    torch.testing.assert_close(found["out"], torch.full((3,), 2.0))
+    torch.testing.assert_close(x2.grad, torch.full((3,), 2.0))
 
 
 def test_argparse_fix_makes_the_default_work(capsys: pytest.CaptureFixture[str]) -> None:

@@ -98,7 +98,12 @@ def test_preview_rules_run_only_when_named(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(rules.LoadWithoutMapLocation, "preview", True)
     monkeypatch.setattr(runner, "_SELECTED", {})  # selections are cached per process
-    src = "import torch\nsd = torch.load('a.pt')\n"
+    src = (
+        "import torch\n"
+        "torch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'a.pt')\n"
+        "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "sd = torch.load('a.pt')\n"
+    )
     (one,) = check_source(src)  # one finding per call, saying both things
     assert one.code == "ST003" and "lacks map_location" in one.message
     assert [d.code for d in check_source(src, select="ST004")] == ["ST004"]

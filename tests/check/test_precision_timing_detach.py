@@ -252,8 +252,7 @@ def test_timing_of_a_whole_training_whose_iterations_wait() -> None:
 def test_seed_timing_fixture_found_when_selected() -> None:
     from pathlib import Path
 
-    # ST006 measured below 97% on the held-out corpus half: preview, run when selected.
-    assert RULE_TABLE["ST006"].preview
+    # ST006 is a default rule (tests/check/test_seed_rules_timing.py); selected by its code too.
     path = Path(__file__).parent / "fixtures" / "timing.py"
     found = [(d.line, d.code) for d in check_source(path.read_text(), str(path), ["ST006"])]
     assert [f for f in found if f[1] == "ST006"] == [(12, "ST006"), (20, "ST006"), (27, "ST006")]
@@ -269,67 +268,41 @@ def _detach(body: str) -> List[int]:
 @pytest.mark.parametrize(
     "body, lines, why",
     [
-        (  # the caller's tensor
+        (  # a model's output, clamped through its detach, then used by the loss
             """
-            def halve(weights):
-                view = weights.detach()
-                view.mul_(0.5)
-                return view
-            """,
-            [3],
-            "weights is a parameter",
-        ),
-        (  # a model's output, read again after the write (the loss sees the clamp)
-            """
-            def step(encoder, head, image):
+            def step(encoder, head, image, target):
                 feats = encoder(image)
                 snapshot = feats.detach()
                 snapshot.clamp_(0, 1)
-                return head(feats), snapshot
+                loss = (head(feats) - target).pow(2).mean()
+                loss.backward()
+                return snapshot
             """,
             [4],
-            "feats is read again at line 7",
+            "feats is a graph's output, read again at line 7, and backward runs at line 8",
         ),
-        (  # state of an object outlives the call
+        (  # .data is the same memory, and autograd cannot even see the write
             """
-            class Tracker:
-                def bump(self, delta):
-                    self.total.detach().add_(delta)
+            def step(net, batch):
+                logits = net(batch)
+                logits.data.sigmoid_()
+                grads = torch.autograd.grad(logits.sum(), net.parameters())
+                return grads
             """,
             [4],
-            "attribute",
+            "backward runs at line 6",
         ),
-        (  # a model's output written through its detach
+        (  # a forward whose output the caller differentiates
             """
             class Head:
                 def forward(self, x):
-                    out = self.proj(x).detach()
-                    out.copy_(x)
-                    return out
+                    hidden = self.proj(x).relu()
+                    shown = hidden.detach()
+                    shown.mul_(255)
+                    return self.out(hidden), shown
             """,
-            [4],
-            "output of a call",
-        ),
-        (  # a fresh buffer, but read again in the next iteration of the loop
-            """
-            def accumulate(n):
-                buf = torch.zeros(3)
-                for _ in range(n):
-                    total = buf.sum()
-                    alias = buf.detach()
-                    alias.add_(total)
-            """,
-            [6],
-            "read again in the loop",
-        ),
-        (  # a row of the caller's tensor: a view of it
-            """
-            def wipe_first(table):
-                row = table[0].detach()
-                row.zero_()
-            """,
-            [3],
-            "table[0]",
+            [5],
+            "of a forward",
         ),
     ],
 )
@@ -338,6 +311,38 @@ def test_detach_finding_kept(body: str, lines: List[int], why: str) -> None:
     found = [d for d in check_source(src, "m.py", ["ST005"]) if d.code == "ST005"]
     assert [d.line - 1 for d in found] == lines
     assert why in found[0].message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the caller's tensor: nothing shows it is in a graph
+        "def halve(weights):\n    view = weights.detach()\n    view.mul_(0.5)\n    return view\n",
+        "def wipe_first(table):\n    row = table[0].detach()\n    row.zero_()\n",
+        # state of an object (an EMA copy, a buffer) written outside autograd on purpose
+        "class T:\n    def bump(self, d):\n        self.total.detach().add_(d)\n",
+        # the output of a call nothing else holds
+        "def f(self, x):\n    out = self.proj(x).detach()\n    out.copy_(x)\n    return out\n",
+        # a graph's output not used after the write
+        "def f(net, x):\n    out = net(x)\n    vis = out.detach()\n    vis.clamp_(0, 1)\n"
+        "    return vis\n",
+        # used after the write, but no backward follows and it is no forward
+        "def f(net, x):\n    out = net(x)\n    vis = out.detach()\n    vis.clamp_(0, 1)\n"
+        "    return out, vis\n",
+        # no grad: made under torch.no_grad()
+        "def f(net, x):\n    with torch.no_grad():\n        out = net(x)\n"
+        "        out.detach().clamp_(0, 1)\n    loss = out.sum()\n    loss.backward()\n",
+        "@torch.no_grad()\ndef f(net, x):\n    out = net(x)\n    out.detach().clamp_(0, 1)\n"
+        "    out.sum().backward()\n",
+        # an optimizer's loop over parameters
+        "def f(params, lr):\n    for p in params:\n        p.data.add_(p.grad.data, alpha=-lr)\n",
+        # a fresh buffer read again in the loop: no grad involved
+        "def f(n):\n    buf = torch.zeros(3)\n    for _ in range(n):\n        t = buf.sum()\n"
+        "        a = buf.detach()\n        a.add_(t)\n",
+    ],
+)
+def test_detach_without_evidence_of_a_graph_still_used_is_quiet(body: str) -> None:
+    assert _detach(body) == []
 
 
 @pytest.mark.parametrize(
@@ -371,28 +376,34 @@ def test_detach_of_a_fresh_tensor_or_a_gradient_is_not_reported(body: str) -> No
 def test_seed_detach_fixture_found_when_selected() -> None:
     from pathlib import Path
 
-    # ST005 measured below 97% on the held-out corpus half: preview, run when selected.
+    # ST005 stays preview until measured (no finding on the development half to judge by).
     assert RULE_TABLE["ST005"].preview
     path = Path(__file__).parent / "fixtures" / "detach.py"
     source = path.read_text()
     found = [d.line for d in check_source(source, str(path), ["ST005"]) if d.code == "ST005"]
-    assert found == [5, 7, 8, 10, 12, 13, 21]
+    assert found == [6, 8, 9, 11, 13, 14, 24]
 
 
 def test_detach_fix_still_runs() -> None:
-    # The unsafe fix (a clone) on a kept finding: the fixed code runs and no longer writes
-    # into the caller's tensor.
+    # The unsafe fix (a clone) on a kept finding: the fixed code runs, and the loss is the
+    # forward's, not the clamped copy's.
     torch = pytest.importorskip("torch")
     from safetorch.check import fix_source
 
-    src = "def halve(weights):\n    view = weights.detach()\n    view.mul_(0.5)\n    return view\n"
+    src = (
+        "def step(net, batch):\n    out = net(batch)\n    shown = out.detach()\n"
+        "    shown.clamp_(0, 0.1)\n    loss = out.sum()\n    loss.backward()\n"
+        "    return loss, shown\n"
+    )
     fixed = fix_source(src, select="ST005", unsafe_fixes=True)
-    assert "weights.detach().clone()" in fixed
+    assert "out.detach().clone()" in fixed
     scope: dict = {}
     exec(compile(fixed, "fixed.py", "exec"), scope)
-    w = torch.ones(3, requires_grad=True)
-    out = scope["halve"](w)
-    assert torch.equal(out, torch.full((3,), 0.5)) and torch.equal(w.detach(), torch.ones(3))
+    net = torch.nn.Linear(3, 2)
+    batch = torch.ones(4, 3)
+    loss, shown = scope["step"](net, batch)
+    torch.testing.assert_close(loss, net(batch).sum())
+    assert float(shown.max()) <= 0.1 + 1e-6
 
 
 # -- ST018: every use of torch._six ------------------------------------------------------------

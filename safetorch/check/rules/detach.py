@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Set, Tuple, Union
 
 from safetorch.check.engine import UNSAFE, Context, Fix
 from safetorch.check.rules._base import Rule
-from safetorch.check.rules._helpers import FUNCTION_DEFS, Pos, bound_names, end_of, start_of
+from safetorch.check.rules._helpers import Pos, bound_names, end_of, self_attr, start_of
 
 # Trailing-underscore methods that do not write the tensor's data.
 _NOT_DATA_WRITES = frozenset({"requires_grad_", "share_memory_", "detach_", "retain_grad_"})
@@ -44,8 +44,9 @@ _FRESH = frozenset(
 )
 
 
-def _detach_call(node: ast.AST) -> Optional[Tuple[ast.Call, ast.expr]]:
-    """``(call, x)`` for an ``x.detach()`` call, else None."""
+def _detach_call(node: ast.AST) -> Optional[Tuple[ast.expr, ast.expr]]:
+    """``(node, x)`` for an ``x.detach()`` call or an ``x.data`` read, else None: both are
+    ``x``'s memory outside autograd."""
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -54,6 +55,8 @@ def _detach_call(node: ast.AST) -> Optional[Tuple[ast.Call, ast.expr]]:
         and not node.keywords
     ):
         return node, node.func.value
+    if isinstance(node, ast.Attribute) and node.attr == "data" and isinstance(node.ctx, ast.Load):
+        return node, node.value
     return None
 
 
@@ -92,6 +95,28 @@ def _inplace_method(func: ast.expr) -> Optional[str]:
     return None
 
 
+# Calls that start or run a backward pass.
+_BACKWARD = frozenset({"torch.autograd.grad", "torch.autograd.backward"})
+# Contexts and decorators that turn autograd off.
+_NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+# torch functions whose result is data, not part of a graph.
+_DATA = frozenset(
+    {"torch.from_numpy", "torch.as_tensor", "torch.load", "torch.Tensor", "torch.tensor"}
+    | {"torch.FloatTensor", "torch.LongTensor", "torch.no_grad"}
+)
+# Methods whose result is not a graph tensor (a copy, the host's data, a number).
+_NOT_GRAPH_METHODS = frozenset(
+    {"clone", "cpu", "numpy", "item", "tolist", "detach", "new_zeros", "new_ones", "new_empty"}
+    | {"new_full", "new_tensor", "size", "dim", "numel", "state_dict", "parameters", "copy"}
+)
+# Tensor methods that keep a graph tensor in the graph.
+_TENSOR_OPS = frozenset(
+    {"sigmoid", "softmax", "log_softmax", "tanh", "relu", "view", "reshape", "permute", "sum"}
+    | {"mean", "exp", "log", "squeeze", "unsqueeze", "transpose", "flatten", "contiguous", "to"}
+    | {"cuda", "float", "half", "abs", "clamp", "pow", "max", "min", "mul", "add", "sub", "div"}
+)
+
+
 # In-place ops whose point is to write *into* the destination: ``p.detach().copy_(new)`` is the
 # documented way to overwrite a parameter outside autograd, so a clone would break it.
 _WRITE_THROUGH = frozenset({"copy_", "set_"})
@@ -102,7 +127,7 @@ class _Detached:
 
     __slots__ = ("call", "source", "scope", "ops", "read_after_write")
 
-    def __init__(self, call: ast.Call, source: ast.expr, scope: ast.AST) -> None:
+    def __init__(self, call: ast.expr, source: ast.expr, scope: ast.AST) -> None:
         self.call = call
         self.source = source  # the x of x.detach()
         self.scope = scope
@@ -113,12 +138,13 @@ class _Detached:
 class _Names:
     """The reads and bindings of plain names in one scope, with positions (source order)."""
 
-    __slots__ = ("reads", "binds", "loops")
+    __slots__ = ("reads", "binds", "loops", "backward")
 
     def __init__(self) -> None:
         self.reads: Dict[str, List[Pos]] = {}
         self.binds: Dict[str, List[Optional[ast.expr]]] = {}  # value bound, None if unknown
         self.loops: List[Tuple[Pos, Pos]] = []
+        self.backward: List[Pos] = []  # .backward() / torch.autograd.grad(...) calls
 
 
 class DetachThenInPlace(Rule):
@@ -129,15 +155,21 @@ class DetachThenInPlace(Rule):
     and autograd then fails with "one of the variables needed for gradient computation has
     been modified by an inplace operation" -- or, worse, silently computes wrong gradients.
 
-    The rule reports it on evidence that the write reaches a tensor that matters: ``x`` is
-    read after the write, is a parameter of the function (the caller's tensor), an attribute
-    or a global (state that outlives the call), or the output of a model or function (it
-    requires grad). It is quiet where the detached tensor is a fresh one anyway: the
-    ``.detach()`` of a copy or a new tensor (``torch.clone(g).detach()``,
-    ``torch.zeros(n).detach()``, a local bound to one and not read again), a gradient
-    (``p.grad.detach().mul_(scale)`` writes into the gradient on purpose), or a chain that
-    copies (``.detach().clone()``; ``.detach().cpu()`` and ``.detach().float()`` copy only a
-    CUDA or a non-float32 tensor, so they are not followed at all).
+    The rule reports it (``.detach()`` and ``.data`` alike) on evidence, within one
+    function, that the write corrupts values autograd or the code still needs: ``x`` is a
+    local name bound only to a tensor in a graph (the output of a model or function call,
+    ``self.net(h)``, or an op on one, ``h.relu()``, ``h * 2``); ``x`` is read again after
+    the write; and a backward runs after the write (``.backward()``,
+    ``torch.autograd.grad``) or the function is a ``forward``, whose output the caller
+    differentiates. It is quiet without that evidence: a parameter of the function or a
+    global (nothing shows it is in a graph), an attribute (an EMA copy, a buffer, state
+    written outside autograd on purpose), the output of a call nothing else holds, a copy
+    or a factory's tensor (``torch.clone(g).detach()``, ``torch.zeros(n)``), data
+    (``torch.from_numpy``), a gradient (``p.grad.detach().mul_(scale)``), a loop variable
+    (``for p in params: p.data.add_(...)``), a tensor made under ``torch.no_grad()``, an
+    original not used after the write, or a chain that copies (``.detach().clone()``;
+    ``.detach().cpu()`` and ``.detach().float()`` copy only a CUDA or a non-float32 tensor,
+    so they are not followed at all).
 
     Fix (unsafe, ``--unsafe-fixes``): ``.detach().clone()``, an independent copy: the
     original tensor is no longer modified, which changes behaviour on purpose. Offered only where the
@@ -151,7 +183,9 @@ class DetachThenInPlace(Rule):
 
     code = "ST005"
 
-    preview = True  # below 97% on the held-out corpus half (docs/check.md)
+    # Rewritten for issue 33 (evidence of a graph still used); no finding on the development
+    # half to measure it by, so it stays opt-in until the held-out half is measured again.
+    preview = True
 
     name = "detach-then-inplace"
     torch_symbols = ("torch.Tensor.detach",)
@@ -173,7 +207,7 @@ class DetachThenInPlace(Rule):
         self._bound: Dict[int, Dict[str, _Detached]] = {}  # scope -> name -> binding
         self._mutated: List[_Detached] = []
         # (x.detach() call, x, op, line, fixable, scope, end of the op)
-        self._direct: List[Tuple[ast.Call, ast.expr, str, int, bool, ast.AST, Pos]] = []
+        self._direct: List[Tuple[ast.expr, ast.expr, str, int, bool, ast.AST, Pos]] = []
         self._not_reads: Set[int] = set()  # Name nodes that are the target of a mutation
         self._discarded: Set[int] = set()  # calls whose value is thrown away
         self._names: Dict[int, _Names] = {}  # scope -> its names
@@ -227,6 +261,10 @@ class DetachThenInPlace(Rule):
             self._discarded.add(id(node.value))
         elif isinstance(node, ast.Call):
             func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr == "backward") or self.ctx.qualname(
+                func
+            ) in _BACKWARD:
+                self._scope_names().backward.append(start_of(node))
             method = _inplace_method(func)
             if method is not None and isinstance(func, ast.Attribute):
                 used = id(node) not in self._discarded
@@ -252,57 +290,94 @@ class DetachThenInPlace(Rule):
                     bound[first.id] = _Detached(*detached, self.ctx.scope)
 
     # -- evidence ----------------------------------------------------------------------------
-    def _fresh_value(self, value: ast.expr) -> bool:
-        """A value that is a new tensor nothing else refers to: a copy, a factory's result,
-        arithmetic (``a + b``), or the ``.detach()`` of one."""
-        detached = _detach_call(value)
-        if detached is not None:
-            return self._fresh_value(detached[1])
-        return isinstance(value, (ast.BinOp, ast.UnaryOp)) or _fresh_copy(self.ctx, value)
-
     def _evidence(self, source: ast.expr, scope: ast.AST, after: Pos) -> Optional[str]:
-        """Why writing into ``source`` (the x of ``x.detach()``) matters, or None when it is a
-        fresh tensor or a gradient: ``"it is read at line N"``, ``"it is the caller's"``, ..."""
+        """Why writing into ``source`` (the x of ``x.detach()``) corrupts what autograd or the
+        code still needs, or None without that evidence. It needs all of: ``x`` is a local
+        name of this function bound only to a value in a graph (a model's output, an op on
+        one; not a copy, a factory, a gradient, data, or anything made under ``no_grad``);
+        ``x`` is read again after the write; and a backward runs after the write in this
+        function, or the function is a ``forward`` (its output is differentiated by the
+        caller)."""
         if _is_gradient(source):
             return None
         node: ast.AST = source
         while isinstance(node, ast.Subscript):  # x[0].detach(): a view of x
             node = node.value
-        if isinstance(node, ast.Attribute):
-            return "it is an attribute, state that outlives this code"
-        if isinstance(node, ast.Call):
-            if _fresh_copy(self.ctx, node):
-                return None
-            return "it is the output of a call, which requires grad when a model made it"
         if not isinstance(node, ast.Name):
-            return None  # (a + b).detach(): a new tensor nothing else refers to
+            return None  # an attribute (state, an EMA copy), a call's output nothing else holds
         name = node.id
         names = self._scope_names(scope)
-        later = [p for p in names.reads.get(name, []) if p > after]
-        if later:
-            return f"{name} is read again at line {later[0][0]}"
-        if isinstance(scope, FUNCTION_DEFS):
-            args = scope.args
-            params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-            if any(p is not None and p.arg == name for p in params):
-                return f"{name} is a parameter: the caller's tensor changes"
         binds = names.binds.get(name)
-        if not binds:
-            return f"{name} is not bound here: a global or enclosing tensor changes"
-        if any(v is not None and _is_gradient(v) for v in binds):
-            return None  # g = p.grad: a gradient
-        if all(v is not None and self._fresh_value(v) for v in binds):
-            # A fresh tensor of this scope: only a read in the same loop (next iteration) sees
-            # the write.
-            reads = names.reads.get(name, [])
-            for lo, hi in names.loops:
-                if lo <= after <= hi and any(lo <= p <= hi for p in reads):
-                    return f"{name} is read again in the loop"
+        if not binds or not all(v is not None and self._in_graph(v, names, 0) for v in binds):
+            return None  # a parameter, a global, a copy, a factory's tensor, a loop variable
+        if self._without_grad(scope, after):
             return None
-        return f"{name} is bound to a tensor that may require grad or be used elsewhere"
+        later = [p for p in names.reads.get(name, []) if p > after]
+        if not later:
+            return None  # the original is not used after the write
+        backward = [p for p in names.backward if p > after]
+        where = f"{name} is a graph's output, read again at line {later[0][0]}"
+        if backward:
+            return f"{where}, and backward runs at line {backward[0][0]}"
+        if getattr(scope, "name", "") == "forward":
+            return f"{where} of a forward whose output is differentiated"
+        return None
+
+    def _in_graph(self, value: ast.AST, names: _Names, depth: int) -> bool:
+        """``value`` is a tensor in an autograd graph: the output of a model or function call
+        (``self.net(x)``, ``model(x)``), or an op on one (``h.sigmoid()``, ``torch.relu(h)``,
+        ``h * 2``); not a copy, a factory's tensor, data (``torch.from_numpy``), a gradient."""
+        if depth > 4:
+            return False
+        if isinstance(value, (ast.BinOp, ast.UnaryOp)):
+            parts = [value.left, value.right] if isinstance(value, ast.BinOp) else [value.operand]
+            return any(self._in_graph(p, names, depth + 1) for p in parts)
+        if isinstance(value, ast.Subscript):
+            return self._in_graph(value.value, names, depth + 1)
+        if isinstance(value, ast.Name):
+            binds = names.binds.get(value.id) or []
+            return bool(binds) and all(
+                v is not None and self._in_graph(v, names, depth + 1) for v in binds
+            )
+        if not isinstance(value, ast.Call) or _is_gradient(value) or _fresh_copy(self.ctx, value):
+            return False
+        func = value.func
+        qual = self.ctx.qualname(func) or ""
+        if qual in _DATA or _detach_call(value) is not None:
+            return False
+        if qual.startswith("torch."):
+            args = [*value.args, *(k.value for k in value.keywords)]
+            return any(self._in_graph(a, names, depth + 1) for a in args)
+        if isinstance(func, ast.Attribute):
+            if func.attr in _NOT_GRAPH_METHODS:
+                return False
+            if self_attr(func) is not None:
+                return True  # self.net(x): a submodule's forward
+            if func.attr in _TENSOR_OPS or isinstance(func.value, ast.Name):
+                # h.sigmoid(), h.view(-1): a graph tensor's op; model.forward(x) too
+                return self._in_graph(func.value, names, depth + 1) or func.attr == "forward"
+            return False
+        return isinstance(func, ast.Name)  # model(x), net(x): a forward
+
+    def _without_grad(self, scope: ast.AST, where: Pos) -> bool:
+        """``where`` runs with autograd off: the function is decorated ``@torch.no_grad()``
+        (or ``inference_mode``), or ``where`` is in a ``with torch.no_grad():`` block."""
+        qual = self.ctx.qualname
+        for deco in getattr(scope, "decorator_list", []):
+            target = deco.func if isinstance(deco, ast.Call) else deco
+            if qual(target) in _NO_GRAD:
+                return True
+        for node in self.ctx.walk(scope):
+            if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+                isinstance(i.context_expr, ast.Call) and qual(i.context_expr.func) in _NO_GRAD
+                for i in node.items
+            ):
+                if start_of(node) <= where <= end_of(node):
+                    return True
+        return False
 
     def _report(
-        self, detach: ast.Call, source: ast.expr, op: str, line: int, fixable: bool, why: str
+        self, detach: ast.expr, source: ast.expr, op: str, line: int, fixable: bool, why: str
     ) -> None:
         x = self.ctx.segment(source)
         head = f"{self.ctx.segment(detach)} shares memory with {x} and is modified in place "

@@ -10,6 +10,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import import_edit
 from safetorch.check.rules import _load_flow as flow
+from safetorch.check.rules import _map_location
 from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
@@ -877,22 +878,29 @@ class LoadWithoutMapLocation(Rule):
     a GPU checkpoint fails on a CPU-only machine, and in multi-GPU jobs every rank piles its
     copy onto ``cuda:0``.
 
-    It fires on a file that can hold GPU tensors, loaded where the script also runs without
-    CUDA (a CPU fallback: ``torch.cuda.is_available()``, a ``"cpu"`` device, a ``--cuda``
-    flag) or in several processes (DDP, ``torch.multiprocessing`` ranks, each loading onto
-    the device the file was saved from). Quiet where the evidence says the file holds CPU
-    tensors: every save of the project that can write the loaded path writes ``.cpu()``
-    tensors, a module moved to the CPU before its ``state_dict()`` is saved, numpy data, or
-    tensors made in a file that never names a device (a dataset cache); the file names a
-    published pretrained backbone (its path, the literal it is set to, or the argparse
-    option's ``default=``/``help=`` says pretrained, ImageNet, caffe, basenet, backbone:
-    those files hold CPU tensors); FSDP CPU offload. Quiet where the device it was saved
-    from is there: the load runs only with CUDA (the CUDA branch of an ``if`` whose other
-    branch maps, or under ``if torch.cuda.is_available():``), a CUDA-only single-process
-    script, a test module (a test loads what it wrote itself, on the devices it has).
+    It fires on evidence of both halves of the pitfall in the project's own code
+    (``_map_location``). The file holds CUDA tensors: a save of the project that may write
+    the loaded path (by its shape) saves a module's tensors (a ``state_dict()``, a model the
+    file moves with ``.cuda()`` / ``.to(device)``, a dict bound to one) in a file that puts
+    things on CUDA; the save is in the loading script itself or names its file (a literal, a
+    literal end such as ``"_best.pth"``). And the loading script also runs without CUDA (a
+    CPU fallback: ``torch.cuda.is_available()``, a ``"cpu"`` device, a ``--cuda`` /
+    ``--no-cuda`` / ``--cpu`` option, ``args.cuda`` tested) or in several processes (DDP,
+    ``torch.distributed``, ``local_rank``: every rank loads onto the device the file was
+    saved from).
 
-    In the default set: 65 of 66 findings right on the development half of the labelled
-    corpus (``benchmarks/check_corpus``).
+    Quiet without that evidence: a file the project never writes (a download, a published
+    pretrained file), a data cache (``torch.save(corpus, fn)``), a generic helper's save to a
+    path it is given in a file that never names CUDA, a library module that shows no CPU
+    path or ranks, a CUDA-only single-process script. Quiet too where the file evidently
+    holds CPU tensors (``.cpu()`` tensors, a module moved to the CPU before its
+    ``state_dict()`` is saved, numpy data), the path or its option names a pretrained or
+    ImageNet backbone, FSDP CPU offload, the load runs only with CUDA (the CUDA branch of an
+    ``if`` whose other branch maps, or under ``if torch.cuda.is_available():``), or in a
+    test module (a test loads what it wrote itself, on the devices it has).
+
+    On the development half of the labelled corpus (``benchmarks/check_corpus``): 64 of 64
+    findings right.
 
     Fix (manual): pass ``map_location="cpu"`` (or the rank's device).
 
@@ -901,8 +909,6 @@ class LoadWithoutMapLocation(Rule):
 
     code = "ST004"
 
-    preview = True  # below 97% on the held-out corpus half (docs/check.md)
-
     name = "load-without-map-location"
     torch_symbols = ("torch.load",)
     node_types = (ast.Call,)
@@ -910,11 +916,29 @@ class LoadWithoutMapLocation(Rule):
     def visit(self, node: ast.Call) -> None:
         if self.ctx.qualname(node.func) != "torch.load" or has_double_star(node):
             return
-        note = _device_note(self.ctx, node)
-        if note is None:
+        if _device_note(self.ctx, node) is None:
+            return  # evidently CPU tensors, a CUDA-only branch, a test, a pretrained file
+        save = _map_location.cuda_save(self.ctx, node)
+        if save is None:
             return
-        self.report(
-            node,
-            f"torch.load without map_location puts tensors back on the device they were "
-            f'saved from ({note}): pass map_location="cpu" (or the target device) or use st.load',
+        off = _map_location.runs_off_cuda(self.ctx)
+        if off is None:
+            return
+        line, why = off
+        head = (
+            "torch.load without map_location puts tensors back on the device they were saved "
+            f"from, and {save.path}:{save.line} writes this file from CUDA tensors: "
         )
+        if why == _map_location.RANKS:
+            head += (
+                f"this script runs in several processes (line {line}), and every rank loads "
+                "onto the device it was saved from (cuda:0): pass map_location set to the "
+                "rank's device"
+            )
+        else:
+            head += (
+                f"this script also runs without CUDA ({why}, line {line}), where a checkpoint "
+                'saved on a GPU fails to load on a machine without one: pass map_location="cpu"'
+                " (or the target device)"
+            )
+        self.report(node, head + " or use st.load")

@@ -26,11 +26,35 @@ _TIMERS = frozenset(
 
 _SYNC_FUNCS = frozenset(
     {"torch.cuda.synchronize", "torch.accelerator.synchronize", "torch.cuda.Event.synchronize"}
+    # A result whose size depends on the data is read back to the host to size the output.
+    | {"torch.nonzero", "torch.unique", "torch.masked_select", "torch.argwhere"}
+    # torch.save copies every tensor to the host; numpy conversions copy to the host.
+    | {"torch.save", "numpy.array", "numpy.asarray", "torch.distributed.barrier"}
 )
 
 
-# Methods that wait for the GPU: an explicit synchronize, or a copy of a result to the host.
-_SYNC_METHODS = frozenset({"synchronize", "item", "cpu", "tolist", "numpy", "elapsed_time"})
+# Methods that wait for the GPU: an explicit synchronize, a copy of a result to the host, an op
+# whose output size depends on the data (nonzero, unique: the count is read back), a logger
+# that turns a tensor into a number (``writer.add_scalar``), a barrier between processes.
+_SYNC_METHODS = frozenset(
+    {"synchronize", "item", "cpu", "tolist", "numpy", "elapsed_time"}
+    | {"nonzero", "unique", "masked_select", "argwhere"}
+    | {"add_scalar", "add_scalars", "barrier", "wait_for_everyone"}
+)
+
+
+# Functions of any module that read their result back to the host: non-maximum suppression
+# returns a data-dependent number of boxes (torchvision's and the detection repositories' own).
+_SYNC_NAMES = frozenset({"nms", "batched_nms", "soft_nms"})
+
+
+# Tensor predicates whose result, tested by ``if``/``while``/``assert``, is read by the host.
+_PREDICATES = frozenset({"any", "all", "isnan", "isinf", "isfinite", "equal", "allclose"})
+
+
+# Receivers whose ``.step()`` runs an optimizer (the main work of a training step); any other
+# ``.step()`` (an environment's, a scheduler's, a progress bar's) launches no main work.
+_OPTIMIZER_WORDS = ("optim", "opt", "scaler", "solver")
 
 
 # Calls that never launch GPU work.
@@ -46,9 +70,8 @@ _WORK_METHODS = frozenset({"backward", "step", "forward", "cuda", "to", "zero_gr
 # Methods that run a model (a forward): the main work of an interval. Any other method of a
 # name bound to something on CUDA (``x.squeeze()``, ``model.eval()``) is work, but not the
 # main work (a model called directly, ``model(x)``, is).
-_FORWARD_METHODS = frozenset(
-    {"forward", "generate", "predict", "inference", "encode", "decode", "sample"}
-)
+# (Not ``generate``: a library's generation loop reads a stop condition back every token.)
+_FORWARD_METHODS = frozenset({"forward", "predict", "inference", "encode", "decode", "sample"})
 
 
 # torch.* calls that launch no kernels (queries, modes, I/O that syncs on its own).
@@ -72,13 +95,16 @@ _SYNC, _WORK, _MAJOR = "sync", "work", "major"
 
 
 def _moved_to_device(node: ast.AST) -> Optional[ast.expr]:
-    """``x`` for ``x.cuda()`` or ``x.to(...)`` (a call), else None."""
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in ("cuda", "to")
-    ):
+    """``x`` for ``x.cuda()`` or ``x.to(device)`` (a call naming a device; not a dtype
+    conversion such as ``x.to(torch.float16)``), else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    if node.func.attr == "cuda":
         return node.func.value
+    if node.func.attr == "to":
+        device = find_keyword(node, "device")
+        if device is not None or (node.args and _looks_like_device(node.args[0])):
+            return node.func.value
     return None
 
 
@@ -186,6 +212,34 @@ def _string_format(node: ast.AST) -> bool:
     return False
 
 
+def _call_name(func: ast.expr) -> str:
+    """``nms`` for ``nms``, ``ops.nms``, ``self.nms``."""
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _legacy_scalar(node: ast.Subscript) -> bool:
+    """``loss.data[0]``: a Python number on the torch (before 0.4) that code written this way
+    supports, read from the device."""
+    value = node.value
+    return (
+        isinstance(value, ast.Attribute)
+        and value.attr == "data"
+        and isinstance(node.ctx, ast.Load)
+        and isinstance(node.slice, ast.Constant)
+        and type(node.slice.value) is int
+        and node.slice.value == 0
+    )
+
+
+def _optimizer_like(node: ast.AST) -> bool:
+    """``optimizer`` / ``self.opt_g`` / ``scaler``: an object whose ``.step()`` updates the
+    parameters (``scaler.step(optimizer)`` too)."""
+    name = (_root_name(node) or "").lower().split(".")[-1]
+    return any(word in name for word in _OPTIMIZER_WORDS) and "sched" not in name
+
+
 def _scheduler_like(node: ast.AST) -> bool:
     """``scheduler`` / ``self.lr_sched``: an object whose ``.step()`` sets a learning rate."""
     name = (_root_name(node) or "").lower()
@@ -201,12 +255,17 @@ class UnsyncedCudaTiming(Rule):
     The rule follows each interval through the function's dataflow: a reading bound to a
     variable (``t0 = time.time()``) starts an interval, and ``time.time() - t0`` (or
     ``t1 - t0``) ends it. It reports the end reading only when, between the two readings of
-    that interval, CUDA work is launched (a call of a model or tensor the code moved to CUDA,
-    ``.backward()``, ``optimizer.step()``, ``torch.*`` compute, in a function that uses
-    CUDA) and nothing waits for the GPU after it. These wait: ``torch.cuda.synchronize()``
+    that interval, the interval's main work is launched (a forward of a model the code moved
+    to CUDA with ``.cuda()`` or ``.to(device)``, ``.backward()`` or an optimizer's
+    ``.step()`` in a function that uses CUDA) and nothing waits for the GPU after it. Tensor
+    arithmetic alone, an environment's or a scheduler's ``step()``, a library's
+    ``generate()`` and calls of code in other modules are no evidence. These wait: ``torch.cuda.synchronize()``
     (or a name bound to it, ``sync = torch.cuda.synchronize``), an event's or stream's
     ``.synchronize()``, a host copy (``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``,
-    ``float(t)``, ``int(t)``, ``x.to("cpu")``), printing or formatting a value
+    ``float(t)``, ``int(t)``, ``x.to("cpu")``, ``np.asarray(t)``, ``torch.save``,
+    ``loss.data[0]`` on the old torch that spelling supports, ``writer.add_scalar``), an op
+    whose output size depends on the data (``nonzero``, ``unique``, non-maximum suppression),
+    a tensor predicate tested by ``if``/``assert``, a barrier, printing or formatting a value
     (``f"{loss:.3f}"``, ``"%.3f" % loss``), a blocking copy to the device (``x.cuda()``,
     ``x.to(device)`` without ``non_blocking=True``), or a call of a function of the file
     whose last CUDA interaction is one of these (``validate(...)``, ``self.log_step()``,
@@ -231,8 +290,6 @@ class UnsyncedCudaTiming(Rule):
 
     code = "ST006"
 
-    preview = True  # below 97% on the held-out corpus half (docs/check.md)
-
     name = "unsynced-cuda-timing"
     torch_symbols = tuple(sorted(_TIMERS))
     node_types = (
@@ -245,6 +302,9 @@ class UnsyncedCudaTiming(Rule):
         ast.For,
         ast.AsyncFor,
         ast.While,
+        ast.If,
+        ast.Assert,
+        ast.Subscript,
     )
 
     def __init__(self, ctx: Context) -> None:
@@ -317,8 +377,28 @@ class UnsyncedCudaTiming(Rule):
                 self._events().syncs.append(end_of(node))
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
             self._events().loops.append((start_of(node.body[0]), end_of(node.body[-1])))
+            if isinstance(node, ast.While):
+                self._tested(node.test)
+        elif isinstance(node, ast.If):
+            self._tested(node.test)
+        elif isinstance(node, ast.Assert):
+            self._tested(node.test)
+        elif isinstance(node, ast.Subscript):
+            if _legacy_scalar(node):
+                self._events().syncs.append(end_of(node))
         elif _is_cuda_marker(node):
             self._cuda_scopes.add(id(self.ctx.scope))
+
+    def _tested(self, test: ast.expr) -> None:
+        """A tensor predicate tested by ``if``/``while``/``assert`` (``if torch.isnan(loss)
+        .any():``) is turned into a Python bool: the host waits for its value."""
+        for sub in self.ctx.walk(test):
+            if isinstance(sub, ast.Call):
+                func = sub.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in _PREDICATES:
+                    self._events().syncs.append(end_of(test))
+                    return
 
     def _visit_call(self, node: ast.Call) -> None:
         func = node.func
@@ -332,6 +412,8 @@ class UnsyncedCudaTiming(Rule):
             or (isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS)
             or var_key(func) in self._sync_aliases()
             or _string_format(node)
+            or _call_name(func) in _SYNC_NAMES
+            or (isinstance(func, ast.Name) and func.id in _SYNC_METHODS)
         ):
             events.syncs.append(end_of(node))
             return
@@ -391,7 +473,12 @@ class UnsyncedCudaTiming(Rule):
         if method == "backward" and cuda_scope:
             return _MAJOR
         if method == "step" and cuda_scope and isinstance(func, ast.Attribute):
-            return _WORK if _scheduler_like(func.value) else _MAJOR
+            if _optimizer_like(func.value):
+                return _MAJOR
+            # An environment's, a scheduler's or a progress bar's step: work only when the
+            # receiver is on CUDA (judged below).
+            if _scheduler_like(func.value) or _root_name(func.value) not in names:
+                return None
         if _root_name(func) in names:
             # model(x), self.net(x), model.generate(x): a forward; x.squeeze(): arithmetic
             forward = var_key(func) is not None or method in _FORWARD_METHODS
@@ -437,9 +524,19 @@ class UnsyncedCudaTiming(Rule):
     @staticmethod
     def _summary(events: _Interval) -> Optional[str]:
         """What a call of a function with these events amounts to: ``_SYNC`` when its last
-        CUDA interaction waits for the GPU, ``_MAJOR`` / ``_WORK`` when work is left running."""
-        last_sync = max((p for p, k in events.events if k == _SYNC), default=None)
-        tail = [k for p, k in events.events if k != _SYNC and (last_sync is None or p > last_sync)]
+        CUDA interaction waits for the GPU, ``_MAJOR`` / ``_WORK`` when work is left running.
+        Work in a loop whose body waits counts as waited for (each iteration's work is
+        waited for in the next; a whole epoch's loop leaves one iteration's tail at most)."""
+        syncs = [p for p, k in events.events if k == _SYNC]
+        last_sync = max(syncs, default=None)
+        syncing = [lp for lp in events.loops if any(lp[0] <= s <= lp[1] for s in syncs)]
+        tail = [
+            k
+            for p, k in events.events
+            if k != _SYNC
+            and (last_sync is None or p > last_sync)
+            and not any(lo <= p <= hi for lo, hi in syncing)
+        ]
         if _MAJOR in tail:
             return _MAJOR
         if tail:
@@ -507,7 +604,7 @@ class UnsyncedCudaTiming(Rule):
             start = max(later)
             if any(lo <= s <= hi for s in syncs):
                 return None  # the loop syncs every iteration: correct on average
-            if any(start < w <= hi or lo <= w < end for w, _ in work):
+            if any(start < w <= hi or lo <= w < end for w, k in work if k == _MAJOR):
                 return start
             return None
         before = [d for d in defs if d < end]
@@ -532,11 +629,10 @@ class UnsyncedCudaTiming(Rule):
             for w, k in inside
             if not any(w <= s for s in waits) and not any(lo <= w <= hi for lo, hi in syncing_loops)
         ]
-        if not tail:
+        if not any(k == _MAJOR for _, k in tail):
+            # Only tensor arithmetic or calls of code elsewhere are left running: no evidence
+            # that the main work of the interval (a forward, a backward, a step) is untimed.
             return None
-        first = min(w for w, _ in inside)
-        if any(s >= first for s in waits) and all(k != _MAJOR for _, k in tail):
-            return None  # synchronized after its main work; only arithmetic follows
         for lo, hi in around:
             # Read in a loop against a start before it (a since-start ETA): off by at most
             # the unsynchronized tail of one iteration when the loop body syncs anywhere.

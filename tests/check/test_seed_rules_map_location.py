@@ -1,0 +1,173 @@
+"""ST004 (``torch.load`` without ``map_location``) in the default set, issue 33: a finding
+needs evidence in the project's own code that the loaded file holds CUDA tensors (a save of
+a module's tensors from a file that uses CUDA) and that the loading script also runs without
+CUDA or in several processes. Each idiom is written here in our own words."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+
+from safetorch.check import project
+from safetorch.check.rules import RULE_TABLE
+from safetorch.check.runner import check_paths
+
+
+@pytest.fixture(autouse=True)
+def _fresh_projects() -> Iterator[None]:
+    project.clear()
+    yield
+    project.clear()
+
+
+def _lines(root: Path, files: Dict[str, str], name: str) -> List[int]:
+    """Lines of the default set's ST004 findings in ``name`` of a project of ``files``."""
+    (root / "setup.py").write_text("")
+    for rel, text in files.items():
+        (root / rel).write_text(textwrap.dedent(text).lstrip())
+    results = check_paths([str(root)])
+    return [
+        d.line for r in results if r.path.endswith(name) for d in r.diagnostics if d.code == "ST004"
+    ]
+
+
+TRAIN = """
+    import torch
+    from model import Net
+
+    net = Net().cuda()
+    torch.save({"model": net.state_dict()}, "runs/last.pth")
+"""
+
+
+def test_st004_is_a_default_rule() -> None:
+    assert not RULE_TABLE["ST004"].preview
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        # a CPU fallback
+        """
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        state = torch.load("runs/last.pth")
+        """,
+        # a --cuda switch
+        """
+        import argparse, torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--cuda", action="store_true")
+        state = torch.load("runs/last.pth")
+        """,
+        # ranks
+        """
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        state = torch.load("runs/last.pth")
+        """,
+    ],
+)
+def test_cuda_written_file_read_off_cuda_is_reported(tmp_path: Path, loader: str) -> None:
+    found = _lines(tmp_path, {"train.py": TRAIN, "demo.py": loader}, "demo.py")
+    assert len(found) == 1
+
+
+def test_a_script_resuming_what_it_saves(tmp_path: Path) -> None:
+    script = """
+    import torch
+    from model import Net
+
+    def main(args):
+        device = torch.device("cuda" if args.cuda else "cpu")
+        net = Net().to(device)
+        state = {"net": net.state_dict(), "epoch": 3}
+        if args.resume:
+            net.load_state_dict(torch.load(args.resume)["net"])
+        torch.save(state, "ckpt/%s.pth" % args.name)
+    """
+    assert _lines(tmp_path, {"main.py": script}, "main.py") == [9]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        # the project never writes the file: a download or a published checkpoint
+        {
+            "demo.py": """
+            import torch
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            state = torch.load("weights/released.pth")
+            """
+        },
+        # a data cache: loaded if it exists, else built and saved (CPU tensors)
+        {
+            "lm.py": """
+            import os, torch
+            from corpus import Corpus
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            fn = "corpus.cache"
+            if os.path.exists(fn):
+                corpus = torch.load(fn)
+            else:
+                corpus = Corpus("data/")
+                torch.save(corpus, fn)
+            model = torch.nn.Linear(2, 2).to(device)
+            torch.save(model.state_dict(), "model.pth")
+            """
+        },
+        # a CUDA-only single-process script: the saving device is there
+        {
+            "train.py": TRAIN,
+            "eval.py": """
+            import torch
+            from model import Net
+            net = Net().cuda()
+            net.load_state_dict(torch.load("runs/last.pth")["model"])
+            """,
+        },
+        # a library module that shows no CPU path and no ranks: its callers decide
+        {
+            "train.py": TRAIN,
+            "ckpt.py": """
+            import torch
+
+            def restore(path):
+                return torch.load(path)
+            """,
+        },
+        # an object's own device attribute is no command-line switch to the CPU
+        {
+            "train.py": TRAIN,
+            "serve.py": """
+            import torch
+
+            class Server:
+                def load(self):
+                    self.model.to(self.device)
+                    return torch.load("runs/last.pth")
+            """,
+        },
+        # a helper that saves what it is given, in a file that never names CUDA
+        {
+            "io_utils.py": """
+            import torch
+
+            def save_state(state, path):
+                torch.save(state, path)
+            """,
+            "demo.py": """
+            import torch
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            state = torch.load(args.checkpoint)
+            """,
+        },
+    ],
+)
+def test_no_evidence_of_the_pitfall_is_quiet(tmp_path: Path, files: Dict[str, str]) -> None:
+    name = [n for n in files if n != "train.py"][-1]
+    assert _lines(tmp_path, files, name) == []
