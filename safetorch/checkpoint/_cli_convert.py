@@ -48,6 +48,7 @@ from safetorch.checkpoint._cli_source import (
     _writable_target,
     allow_list,
     model_view,
+    write_json,
 )
 from safetorch.checkpoint.keys import (
     _leading_prefixes,
@@ -125,6 +126,7 @@ def convert_checkpoint(
     max_shard_size: Optional[str] = None,
     max_bytes: Optional[int] = None,
     allow: Iterable[str] = (),
+    show_progress: bool = True,
 ) -> Dict[str, Any]:
     """Rewrite a checkpoint atomically: strip wrapper prefixes, change format or layout.
 
@@ -142,13 +144,15 @@ def convert_checkpoint(
         strip: ``"auto"`` drops wrapper segments (``module.``, ``_orig_mod.``, ...) from every
             state dict; ``"none"`` keeps keys; any other value ending in ``.`` is also stripped
             as a leading prefix (e.g. ``"model."``).
-        to: ``"torch"``, ``"safetensors"`` or ``"dcp"``; default from ``dst``'s extension.
+        to: ``"torch"``, ``"safetensors"`` or ``"dcp"``; default ``"safetensors"`` when
+            ``dst`` ends in ``.safetensors`` or ``max_shard_size`` is given, else ``"torch"``.
         key: container key (object name in a ``save_state`` file) of the state dict to write
             (only that state dict is written); needed for safetensors output when the
             container holds several.
         progress_stream: where a progress bar goes (default stderr); drawn only if it is a TTY
             and ``src`` is larger than 256 MiB, while reading and while writing.
-        max_shard_size: with ``to="safetensors"``: write shards of at most this size
+        show_progress: ``False`` never draws it (``--no-progress``).
+        max_shard_size: safetensors output (implied; ``to="torch"``/``"dcp"`` refuse it): write shards of at most this size
             (``"5GB"``, ``"500MB"``) into the directory ``dst``, plus the index.
         max_bytes: safetensors and DCP store every tensor contiguously, so an expanded or
             overlapping view (``torch.zeros(1).expand(2**32)``: a 4-byte storage) or a storage
@@ -179,14 +183,18 @@ def convert_checkpoint(
     >>> summary["dropped"]
     []
     """
-    fmt = to or ("safetensors" if dst.endswith(".safetensors") else "torch")
+    sharded = max_shard_size is not None
+    fmt = to or ("safetensors" if sharded or dst.endswith(".safetensors") else "torch")
     if fmt not in ("torch", "safetensors", "dcp"):
         raise ValueError(f"--to {fmt!r}; expected 'torch', 'safetensors' or 'dcp'")
     if max_shard_size is not None and fmt != "safetensors":
-        raise ValueError("--max-shard-size writes safetensors shards; add --to safetensors")
+        raise ValueError(
+            f"--max-shard-size with --to {fmt}: shards are safetensors files; drop --to {fmt} "
+            "(or pass --to safetensors)"
+        )
     if strip != "auto" and strip != "none" and not strip.endswith("."):
         raise ValueError(f"--strip {strip!r}; expected 'auto', 'none' or a prefix ending in '.'")
-    progress = _make_progress(progress_stream, _size_of(src))
+    progress = _make_progress(progress_stream, _size_of(src), show_progress)
     try:
         summary = _convert(
             src, dst, fmt, strip, key, max_shard_size, max_bytes, list(allow), progress
@@ -369,7 +377,21 @@ def _strip_leading_prefix(obj: Any, prefix: str) -> Any:
     return obj
 
 
+def _size_option(option: str, value: Optional[str]) -> Optional[int]:
+    """``--max-bytes 2GiB`` -> bytes; a bad value names the option, the form and an example."""
+    if value is None:
+        return None
+    try:
+        return layouts.parse_size(value)
+    except ValueError:
+        raise _BadInput(
+            f"{option} {value!r}: expected a positive size such as 5GB, 500MB, 2GiB or a number "
+            f"of bytes (e.g. {option} 5GB)"
+        ) from None
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
+    _size_option("--max-shard-size", args.max_shard_size)
     _readable_source(args.src)
     if os.path.abspath(args.src) == os.path.abspath(args.dst):
         raise _BadInput(f"IN and OUT are the same path ({args.src!r}); write to a new path")
@@ -391,11 +413,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         to=args.to,
         key=args.key,
         max_shard_size=args.max_shard_size,
-        max_bytes=None if args.max_bytes is None else layouts.parse_size(args.max_bytes),
+        max_bytes=_size_option("--max-bytes", args.max_bytes),
         allow=allow_list(args.allow),
+        show_progress=not args.no_progress,
     )
     if args.json:
-        sys.stdout.write(json.dumps({"path": args.dst, **summary}, indent=2) + "\n")
+        write_json("convert", {"path": args.dst, **summary})
         return 0
     summary, what = escape_all(summary), f"{summary['tensors']} tensors"
     if summary.get("key"):

@@ -46,6 +46,9 @@ def diff_checkpoints(
     key: Optional[str] = None,
     progress_stream: Optional[IO[str]] = None,
     allow: Iterable[str] = (),
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    show_progress: bool = True,
 ) -> Dict[str, Any]:
     """Compare the state dicts of two checkpoints, after wrapper normalisation.
 
@@ -62,11 +65,21 @@ def diff_checkpoints(
         progress_stream: where a progress bar goes (default stderr; drawn only on a TTY for
             checkpoints above 256 MiB, while reading and comparing).
         allow: globals allowed as for ``st.load(allow=)`` (``--allow``).
+        atol: absolute tolerance; values count as equal where ``|a - b| <= atol + rtol * |b|``
+            elementwise, as :func:`torch.isclose` (NaNs in the same places are equal). The
+            default 0 and 0 compare exactly.
+        rtol: relative tolerance (see ``atol``).
+        show_progress: ``False`` never draws the progress bar (``--no-progress``).
 
     Returns:
         A JSON-ready dict: ``only_in_a``, ``only_in_b``, ``shape_changed`` and
-        ``dtype_changed`` (``[key, a, b]``), ``value_changed`` (``[key, max abs diff]``),
-        ``equal`` (count), ``rule`` (how keys were matched) and ``identical``.
+        ``dtype_changed`` (``[key, a, b]``), ``value_changed`` (``[key, max abs diff]``, beyond
+        the tolerance), ``within_tolerance`` (``[key, max abs diff]``: different, but within
+        ``atol``/``rtol``), ``equal`` (count), ``atol``, ``rtol``, ``rule`` (how keys were
+        matched) and ``identical`` (nothing differs beyond the tolerance).
+
+    Raises:
+        ValueError: ``atol`` or ``rtol`` is negative or not a finite number.
 
     Raises:
         CheckpointError: a file cannot be loaded or holds no (or several) state dicts.
@@ -83,13 +96,15 @@ def diff_checkpoints(
     >>> r["value_changed"], r["equal"], r["only_in_a"]
     ([['bias', 0.5]], 1, [])
     """
+    for name, tol in (("atol", atol), ("rtol", rtol)):
+        if not (isinstance(tol, (int, float)) and 0 <= tol < float("inf")):
+            raise ValueError(
+                f"{name}={tol!r}: expected a finite number >= 0 (e.g. {name}=1e-6); 0 is exact"
+            )
     allow = list(allow)
-    sd_a = _pick_state_dict(
-        model_view(read_source(a, allow=allow, progress_stream=progress_stream)), key
-    )
-    sd_b = _pick_state_dict(
-        model_view(read_source(b, allow=allow, progress_stream=progress_stream)), key
-    )
+    shown = {"progress_stream": progress_stream, "show_progress": show_progress}
+    sd_a = _pick_state_dict(model_view(read_source(a, allow=allow, **shown)), key)
+    sd_b = _pick_state_dict(model_view(read_source(b, allow=allow, **shown)), key)
     match = match_keys(
         sd_a.keys(),
         sd_b.keys(),
@@ -105,10 +120,13 @@ def diff_checkpoints(
         "shape_changed": [],
         "dtype_changed": [],
         "value_changed": [],
+        "within_tolerance": [],
         "equal": 0,
+        "atol": float(atol),
+        "rtol": float(rtol),
     }
     tensors = [v for v in sd_a.values() if isinstance(v, torch.Tensor)]
-    progress = _make_progress(progress_stream, sum(map(_nbytes, tensors)))
+    progress = _make_progress(progress_stream, sum(map(_nbytes, tensors)), show_progress)
     progress.start(progress.total, "comparing")
     try:
         _compare(sd_a, sd_b, match.mapping, result, progress)
@@ -150,8 +168,19 @@ def _compare(
         diff = _max_abs_diff(va, vb)
         if diff is None:
             result["equal"] += 1
+        elif _within(va, vb, result["atol"], result["rtol"]):
+            result["within_tolerance"].append([name, diff])
         else:
             result["value_changed"].append([name, diff])
+
+
+def _within(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> bool:
+    """Whether ``a`` and ``b`` are elementwise close (:func:`torch.isclose`, NaNs equal) in
+    float64 (complex128 for complex; bools only when equal); never with no tolerance."""
+    if (atol == 0 and rtol == 0) or a.dtype == torch.bool or b.dtype == torch.bool:
+        return False
+    wide = torch.complex128 if a.is_complex() or b.is_complex() else torch.float64
+    return bool(torch.isclose(a.to(wide), b.to(wide), rtol=rtol, atol=atol, equal_nan=True).all())
 
 
 # A comparison may touch this many bytes beyond what the two tensors' storages hold (small
@@ -227,10 +256,15 @@ def _print_diff(r: Dict[str, Any], out: IO[str]) -> None:
         out.write(f"dtype changed: {key} {da} -> {db}\n")
     for key, diff in r["value_changed"]:
         out.write(f"values differ: {key}" + (f" (max abs diff {diff:.6g})" if diff else "") + "\n")
+    close = r["within_tolerance"]
+    tolerance = f"atol={r['atol']:g}, rtol={r['rtol']:g}"
+    for key, diff in close:
+        out.write(f"within tolerance: {key} (max abs diff {diff:.6g}; {tolerance})\n")
     changed = len(r["value_changed"]) + len(r["shape_changed"])
+    verdict = "identical" if not close else f"equal within {tolerance}"
     out.write(
-        f"{paint('identical', 'green', out) if r['identical'] else paint('different', 'red', out)}"
-        f": {r['equal']} equal, "
+        f"{paint(verdict, 'green', out) if r['identical'] else paint('different', 'red', out)}"
+        f": {r['equal']} equal, " + (f"{len(close)} within tolerance, " if close else "") + ""
         f"{changed} changed, {len(r['only_in_a'])} only in a, {len(r['only_in_b'])} only in b\n"
     )
 
@@ -238,6 +272,14 @@ def _print_diff(r: Dict[str, Any], out: IO[str]) -> None:
 def _cmd_diff(args: argparse.Namespace) -> int:
     _readable_source(args.a)
     _readable_source(args.b)
-    result = diff_checkpoints(args.a, args.b, key=args.key, allow=allow_list(args.allow))
+    result = diff_checkpoints(
+        args.a,
+        args.b,
+        key=args.key,
+        allow=allow_list(args.allow),
+        atol=args.atol,
+        rtol=args.rtol,
+        show_progress=not args.no_progress,
+    )
     _emit(args, result, _print_diff)
     return 0 if result["identical"] else 1

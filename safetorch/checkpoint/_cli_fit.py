@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
 import sys
 import warnings
@@ -22,7 +21,13 @@ import torch
 from safetorch._cli import paint
 from safetorch._text import escape
 from safetorch.checkpoint import layouts
-from safetorch.checkpoint._cli_source import _BadInput, _readable_source, _saver_source, allow_list
+from safetorch.checkpoint._cli_source import (
+    _BadInput,
+    _readable_source,
+    _saver_source,
+    allow_list,
+    write_json,
+)
 from safetorch.checkpoint.loading import load
 from safetorch.checkpoint.model_state import load_state_dict
 
@@ -179,7 +184,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         ) from None
     report = fit_checkpoint(args.path, model, key=args.key, prefix=args.prefix, allow=allow)
     if args.json:
-        sys.stdout.write(json.dumps(_report_json(report), indent=2) + "\n")
+        write_json("fit", _report_json(report))
     else:
         sys.stdout.write(escape(report, keep="\n") + "\n")
         verdict = (

@@ -215,7 +215,12 @@ def _print_info(info: Dict[str, Any], out: IO[str]) -> None:
 
 
 def list_keys(
-    path: str, pattern: str = "*", *, key: Optional[str] = None, allow: Iterable[str] = ()
+    path: str,
+    pattern: str = "*",
+    *,
+    key: Optional[str] = None,
+    allow: Iterable[str] = (),
+    show_progress: bool = True,
 ) -> List[Dict[str, Any]]:
     """Every tensor entry of every state dict in a checkpoint: key, shape, dtype, bytes.
 
@@ -226,6 +231,7 @@ def list_keys(
         key: only the state dict under this container key (object name in a ``save_state``
             file), as ``st.load_state_dict(key=)``.
         allow: globals allowed as for ``st.load(allow=)`` (``--allow``).
+        show_progress: ``False`` never draws the progress bar (``--no-progress``).
 
     Returns:
         One dict per entry, in file order: ``state_dict`` (container key, or object name in a
@@ -242,7 +248,7 @@ def list_keys(
     >>> [(r["key"], r["shape"], r["dtype"], r["bytes"]) for r in list_keys(path, "*weight")]
     [('module.weight', [3, 2], 'float32', 24)]
     """
-    view = model_view(read_source(path, allow=allow))
+    view = model_view(read_source(path, allow=allow, show_progress=show_progress))
     holders: List[Tuple[Optional[str], Mapping[str, Any]]]
     if key is not None:
         holders = [(key, find_state_dict(view, key)[0])]
@@ -389,7 +395,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             if info["unsafe_globals"]:
                 _emit(args, info, _print_info)
                 return 1
-        rows = list_keys(args.path, args.keys, key=args.key, allow=allow)
+        rows = list_keys(
+            args.path, args.keys, key=args.key, allow=allow, show_progress=not args.no_progress
+        )
         _emit(args, rows, _print_keys)
         return 0
     if _is_layout(args.path) and os.path.exists(args.path):

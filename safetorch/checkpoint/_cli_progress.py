@@ -7,13 +7,7 @@ import os
 import sys
 import threading
 import time
-from typing import (
-    IO,
-    Any,
-    Callable,
-    Iterator,
-    Optional,
-)
+from typing import IO, Any, Callable, Iterator, Optional
 
 # Show a progress bar only for inputs larger than this (and only on a terminal).
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
@@ -33,7 +27,9 @@ def _human(n: float) -> str:
 # --- progress ----------------------------------------------------------------------------------
 class _Progress:
     """A one-line progress bar on a terminal: nothing when the stream is not a TTY (or the work
-    is small), at most ``1 / INTERVAL`` redraws a second, binary units.
+    is small, or ``--no-progress``), at most ``1 / INTERVAL`` redraws a second, binary units;
+    the rate and the time left (``ETA m:ss``) of the phase follow the bytes once a phase has
+    run for ``RATE_AFTER`` seconds (before that a rate says nothing).
 
     ``advance``/``update`` may be called as often as bytes move (every write, every read) and
     from a watcher thread (:func:`_watching`): drawing is throttled and locked. ``close(True)``
@@ -42,17 +38,20 @@ class _Progress:
     """
 
     INTERVAL = 0.125  # at most 8 redraws a second
+    RATE_AFTER = 0.5  # seconds into a phase before its rate and ETA are shown
 
     def __init__(self, total: int, stream: IO[str], enabled: bool, label: str = "") -> None:
         self.total, self.stream, self.enabled = max(total, 1), stream, enabled
         self.label, self.done, self.draws = label, 0, 0
         self._last = -1.0
+        self._began = time.monotonic()
         self._lock = threading.Lock()
 
     def start(self, total: int, label: str) -> None:
         """Begin a new phase on the same line (``reading``, ``writing``, ``comparing``)."""
         with self._lock:
             self.total, self.label, self.done, self._last = max(total, 1), label, 0, -1.0
+            self._began = time.monotonic()
 
     def advance(self, n: int, label: Optional[str] = None) -> None:
         self.update(self.done + n, label)
@@ -68,13 +67,14 @@ class _Progress:
             if not force and now - self._last < self.INTERVAL:
                 return
             self._last = now
-            self._draw()
+            self._draw(now)
 
-    def _draw(self) -> None:
+    def _draw(self, now: float) -> None:
         frac = self.done / self.total
         bar = "#" * int(frac * 30)
         self.stream.write(
             f"\r{self.label:<9} [{bar:<30}] {frac:6.1%} {_human(self.done)}/{_human(self.total)}"
+            f"{_rate_and_eta(self.done, self.total, now - self._began, self.RATE_AFTER)}\x1b[K"
         )
         self.stream.flush()
         self.draws += 1
@@ -91,10 +91,28 @@ class _Progress:
             self.stream.flush()
 
 
-def _make_progress(stream: Optional[IO[str]], size: int) -> _Progress:
+def _rate_and_eta(done: int, total: int, elapsed: float, after: float) -> str:
+    """`` 120.5 MiB/s ETA 0:05`` once ``after`` seconds have passed with bytes moved, else ``""``.
+
+    >>> _rate_and_eta(2**20, 4 * 2**20, 1.0, 0.5)
+    ' 1.0 MiB/s ETA 0:03'
+    >>> _rate_and_eta(2**20, 4 * 2**20, 0.1, 0.5)
+    ''
+    """
+    if elapsed < after or done <= 0:
+        return ""
+    rate = done / elapsed
+    left = int(round((total - done) / rate))
+    minutes, seconds = divmod(left, 60)
+    return f" {_human(rate)}/s ETA {minutes}:{seconds:02d}"
+
+
+def _make_progress(stream: Optional[IO[str]], size: int, show: bool = True) -> _Progress:
+    """A bar on ``stream`` (default stderr), drawn only when ``show`` (``--no-progress``
+    clears it), the stream is a terminal and ``size`` exceeds :data:`PROGRESS_MIN_BYTES`."""
     out = sys.stderr if stream is None else stream
     tty = bool(getattr(out, "isatty", lambda: False)())
-    return _Progress(size, out, tty and size > PROGRESS_MIN_BYTES)
+    return _Progress(size, out, show and tty and size > PROGRESS_MIN_BYTES)
 
 
 @contextlib.contextmanager

@@ -149,19 +149,24 @@ def _saver_source(path: str) -> Optional[str]:
 
 
 def read_source(
-    src: str, *, allow: Iterable[str] = (), progress_stream: Optional[IO[str]] = None
+    src: str,
+    *,
+    allow: Iterable[str] = (),
+    progress_stream: Optional[IO[str]] = None,
+    show_progress: bool = True,
 ) -> Any:
     """The whole checkpoint at ``src``, whatever its layout, weights-only.
 
     A file through :func:`safetorch.load` (``allow=`` as there), a ``CheckpointSaver``
     directory through the checkpoint it stands for, a DCP directory through DCP with
     safetorch's reader, a shard index or library directory shard by shard. A progress bar is
-    drawn on ``progress_stream`` (default stderr) only if it is a terminal and ``src`` is large.
+    drawn on ``progress_stream`` (default stderr) only if it is a terminal and ``src`` is large
+    (``show_progress=False``: never).
 
     Raises:
         CheckpointError: ``src`` cannot be read (see :func:`safetorch.load`).
     """
-    progress = _make_progress(progress_stream, _size_of(src))
+    progress = _make_progress(progress_stream, _size_of(src), show_progress)
     try:
         obj = _read_source(src, list(allow), progress)
     except BaseException:
@@ -345,8 +350,29 @@ def _readable_source(path: str) -> None:
             raise _BadInput(f"{path!r} is a directory; {_one_line(exc)}") from None
 
 
+#: The version of the JSON document every ``--output-format json`` prints (docs/cli.md, "JSON
+#: output"): raised when a field is removed or changes meaning; a new field keeps it.
+JSON_SCHEMA_VERSION = 1
+
+
+def json_document(command: str, value: Any) -> Dict[str, Any]:
+    """What ``safetorch ckpt COMMAND --output-format json`` prints: ``schema_version``, the
+    ``command``, then the command's fields (``inspect --keys``: its rows under ``keys``).
+
+    >>> json_document("diff", {"identical": True})
+    {'schema_version': 1, 'command': 'diff', 'identical': True}
+    """
+    fields = value if isinstance(value, Mapping) else {"keys": value}
+    return {"schema_version": JSON_SCHEMA_VERSION, "command": command, **fields}
+
+
+def write_json(command: str, value: Any) -> None:
+    """Print :func:`json_document` (``json.dumps`` escapes text from files)."""
+    sys.stdout.write(json.dumps(json_document(command, value), indent=2) + "\n")
+
+
 def _emit(args: argparse.Namespace, value: Any, printer: Callable[[Any, IO[str]], None]) -> None:
     if args.json:
-        sys.stdout.write(json.dumps(value, indent=2) + "\n")
+        write_json(args.ckpt_command, value)
     else:
         printer(escape_all(value), sys.stdout)

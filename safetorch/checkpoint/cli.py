@@ -23,7 +23,6 @@ One module per command: ``_cli_inspect``, ``_cli_convert``, ``_cli_diff``, ``_cl
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Callable, Dict
@@ -39,6 +38,7 @@ from safetorch.checkpoint._cli_source import (
     _readable_file,
     allow_list,
     read_source,
+    write_json,
 )
 from safetorch.checkpoint.verify import verify_checkpoint
 
@@ -62,7 +62,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if report.format == "directory" and not report.files:
         raise _BadInput(f"{args.path!r}: {report.problems[0]}; pass a checkpoint file or directory")
     if args.json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        write_json("verify", report.to_json())
     else:
         for problem in report.problems:
             sys.stdout.write(escape(f"{args.path}: {problem}") + "\n")

@@ -155,7 +155,9 @@ def test_inspect_names_every_state_dict_and_lightning_prefix(lightning_like, cap
 
 def test_inspect_keys_with_glob(dp_checkpoint, capsys):
     assert main(["ckpt", "inspect", str(dp_checkpoint), "--keys", "*.weight", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema_version"] == 1 and document["command"] == "inspect"
+    rows = document["keys"]
     assert rows and all(r["key"].endswith(".weight") for r in rows)
     first = rows[0]
     assert first["key"].startswith("module.") and first["wrappers"] == ["module."]

@@ -113,7 +113,7 @@ def test_train_save_resume_convert_diff_through_the_cli(tmp_path: Path) -> None:
     assert "state dict: model (9 entries" in ins.stdout
     keys = _ckpt(tmp_path, "inspect", str(newest), "--keys", "--json")
     assert keys.returncode == 0, keys.stderr
-    rows = json.loads(keys.stdout)
+    rows = json.loads(keys.stdout)["keys"]
     assert {r["state_dict"] for r in rows} == {"model"} and len(rows) == 9
 
     # convert: safetensors keeps the model and names what it leaves; torch keeps everything
