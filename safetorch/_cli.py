@@ -1,4 +1,5 @@
-"""The ``safetorch`` command: doctor, ckpt, check, run, install-hook, uninstall-hook.
+"""The ``safetorch`` command: doctor, ckpt, check, run, trust, install-hook, uninstall-hook,
+completion.
 
 Conventions (those of ruff and pip):
 
@@ -57,6 +58,10 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
         "write a .pth file: SAFETORCH_PATCH=... activates patches",
     ),
     "uninstall-hook": ("safetorch._cli:add_run_parsers", "remove the .pth file install-hook wrote"),
+    "completion": (
+        "safetorch._cli:add_completion_parsers",
+        "print a shell completion script (bash, zsh, fish)",
+    ),
 }
 
 _INTERRUPTED = 130
@@ -533,6 +538,28 @@ def add_trust_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentP
     p.add_argument("-y", "--yes", action="store_true", help="trust without asking (scripts)")
     p.add_argument(
         "--remove", action="store_true", help="take the trust back (the file as it is now)"
+    )
+
+
+def add_completion_parsers(
+    subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]",
+) -> None:
+    """Register ``completion`` (nothing imported)."""
+    p = _leaf(
+        subparsers,
+        "completion",
+        COMMANDS["completion"][1],
+        "safetorch._completion:run",
+        _epilog(
+            "Generated from the argument parser: every command, action and option. Install:",
+            "  safetorch completion bash > ~/.local/share/bash-completion/completions/safetorch",
+            '  safetorch completion zsh > "${fpath[1]}/_safetorch"',
+            "  safetorch completion fish > ~/.config/fish/completions/safetorch.fish",
+            "exit status: 0 printed, 2 an unknown SHELL.",
+        ),
+    )
+    p.add_argument(
+        "shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish"
     )
 
 

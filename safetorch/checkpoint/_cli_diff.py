@@ -102,9 +102,14 @@ def diff_checkpoints(
                 f"{name}={tol!r}: expected a finite number >= 0 (e.g. {name}=1e-6); 0 is exact"
             )
     allow = list(allow)
-    shown = {"progress_stream": progress_stream, "show_progress": show_progress}
-    sd_a = _pick_state_dict(model_view(read_source(a, allow=allow, **shown)), key)
-    sd_b = _pick_state_dict(model_view(read_source(b, allow=allow, **shown)), key)
+
+    def state_dict_of(path: str) -> Mapping[str, Any]:
+        obj = read_source(
+            path, allow=allow, progress_stream=progress_stream, show_progress=show_progress
+        )
+        return _pick_state_dict(model_view(obj), key)
+
+    sd_a, sd_b = state_dict_of(a), state_dict_of(b)
     match = match_keys(
         sd_a.keys(),
         sd_b.keys(),
