@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from safetorch._atomic import atomic_write
+from safetorch._types import SaverMode, unquoted
 from safetorch.checkpoint import reader
 from safetorch.checkpoint.layouts import _STATE_FILE, _state_names, latest_complete
 from safetorch.checkpoint.loading import PathLike
@@ -87,11 +88,12 @@ class CheckpointSaver:
     {'epoch': 1, 'metric': 0.6}
     """
 
+    @unquoted
     def __init__(
         self,
         directory: PathLike,
         *,
-        mode: str = "min",
+        mode: SaverMode = "min",
         unwrap: bool = False,
         top_k: int = 1,
         max_history: int = 1,
