@@ -58,6 +58,7 @@ def unquoted(func: F) -> F:
         hints: Dict[str, Any] = typing.get_type_hints(func)
     except Exception:  # a name only a type checker sees (TYPE_CHECKING): leave them as they are
         return func
+    hints = {k: None if v is type(None) else v for k, v in hints.items()}  # `-> None`, as written
     signature = inspect.signature(func)
     parameters = [
         p.replace(annotation=hints.get(name, p.annotation))

@@ -100,6 +100,7 @@ def unpatch(*names: PatchName) -> List[str]:
 
 
 @contextlib.contextmanager
+@unquoted
 def patched(*names: PatchName) -> Iterator[None]:
     """Context manager: patches on inside the block, back to their previous state after.
 

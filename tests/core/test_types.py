@@ -54,6 +54,7 @@ def test_every_upsample_mode_is_one_interpolate_takes(mode: str) -> None:
         (st.upsample, "mode: Literal['nearest', 'linear', "),
         (st.patch, "(*names: Literal['all', 'upsample', "),
         (st.unpatch, "(*names: Literal['all', "),
+        (st.patched, "(*names: Literal['all', "),
     ],
 )
 def test_signatures_render_unquoted(func: object, shown: str) -> None:
