@@ -1,10 +1,33 @@
 # Two commands do all setup on a fresh machine: `make demo` and `make test`.
-# torch is pinned: an unpinned torch makes pip download a multi-GB CUDA build.
+# torch is pinned, and comes from PyTorch's CPU wheel index: on Linux the torch of the public
+# index is the CUDA build (several GB with its nvidia-* wheels). The index is the one PyTorch's
+# install page (https://pytorch.org/get-started/locally/: Linux, pip, CPU) gives:
+#   pip3 install torch --index-url https://download.pytorch.org/whl/cpu
+# TORCH_INDEX=auto (the default) first asks pip, without any index, whether a torch wheel of
+# that version is reachable already (pip's --find-links, a local wheel directory): then it is
+# used, and nothing is downloaded; otherwise the CPU index is. Overrides:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu   # always the CPU index
+#   make test TORCH_INDEX=                                       # only pip's own sources
+#   make test TORCH=/path/to/torch-2.13.0+cpu-...whl TORCH_INDEX=  # one local wheel file
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-TORCH  := torch==2.13.0
+TORCH_VERSION   ?= 2.13.0
+TORCH           ?= torch==$(TORCH_VERSION)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX     ?= auto
 STAMP  := $(VENV)/.safetorch-installed
+
+# $(call install_torch,PYTHON): install $(TORCH) into that Python's environment (see above).
+define install_torch
+	index='$(TORCH_INDEX)'; \
+	if [ "$$index" = auto ]; then \
+	  if $(1) -m pip install --quiet --dry-run --ignore-installed --no-index --no-deps "$(TORCH)" > /dev/null 2>&1; \
+	  then index=; else index='$(TORCH_CPU_INDEX)'; fi; \
+	fi; \
+	echo "installing $(TORCH) from $${index:-pip's configured sources}"; \
+	$(1) -m pip install --quiet $${index:+--index-url "$$index"} "$(TORCH)"
+endef
 
 .PHONY: venv demo test lint unit dist sdist-test gpu-check bench test-compat test-triton clean
 
@@ -13,7 +36,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
+	$(call install_torch,$(PY))
 	$(PY) -m pip install --quiet -e ".[dev]" "$(TORCH)"
 	touch $(STAMP)
 
@@ -63,13 +86,15 @@ gpu-check:
 
 # Opt-in (not part of `make test`): the fused checked-index kernel (safetorch/_triton_index.py)
 # on CPU tensors under Triton's interpreter, in a venv of its own with triton (not a safetorch
-# dependency: torch's CUDA wheels ship it). torch is pinned as above.
+# dependency: torch's CUDA wheels ship it). torch is pinned and found as above.
 TRITON_VENV  := build/triton-venv
 TRITON_PY    := $(TRITON_VENV)/bin/python
 TRITON_STAMP := $(TRITON_VENV)/.safetorch-installed
 
 $(TRITON_STAMP): pyproject.toml
 	test -x $(TRITON_PY) || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_PY) -m pip install --quiet --upgrade pip
+	$(call install_torch,$(TRITON_PY))
 	$(TRITON_PY) -m pip install --quiet "$(TORCH)" "triton>=3.0" numpy pytest hypothesis wrapt packaging
 	touch $(TRITON_STAMP)
 

@@ -80,7 +80,7 @@ def _imports_torch(words: Sequence[str]) -> bool:
 
 def _redraws() -> Tuple[int, float]:
     """Redraws of the ckpt progress bar while 10,000 reads arrive over about one second."""
-    from safetorch.checkpoint.cli import _Progress
+    from safetorch.checkpoint._cli_progress import _Progress
 
     class TTY(io.StringIO):
         def isatty(self) -> bool:

@@ -1,4 +1,5 @@
-"""The ``safetorch`` command: doctor, ckpt, check, run, install-hook, uninstall-hook.
+"""The ``safetorch`` command: doctor, ckpt, check, run, trust, install-hook, uninstall-hook,
+completion.
 
 Conventions (those of ruff and pip):
 
@@ -57,6 +58,10 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
         "write a .pth file: SAFETORCH_PATCH=... activates patches",
     ),
     "uninstall-hook": ("safetorch._cli:add_run_parsers", "remove the .pth file install-hook wrote"),
+    "completion": (
+        "safetorch._cli:add_completion_parsers",
+        "print a shell completion script (bash, zsh, fish)",
+    ),
 }
 
 _INTERRUPTED = 130
@@ -175,6 +180,62 @@ def _add_allow(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_output(p: argparse.ArgumentParser) -> None:
+    """``--output-format text|json`` and ``--json`` (its shorthand); :func:`_ckpt_check`
+    folds them into ``args.json``."""
+    p.add_argument(
+        "--output-format",
+        choices=("text", "json"),
+        default=None,
+        help="text (default) or json: one JSON document with a schema_version "
+        "(docs/cli.md, 'JSON output')",
+    )
+    p.add_argument("--json", action="store_true", help="the same as --output-format json")
+
+
+def _add_no_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (drawn otherwise on a terminal for checkpoints over 256 MiB: "
+        "bytes, rate and time left)",
+    )
+
+
+def _tolerance(text: str) -> float:
+    """An ``--atol``/``--rtol`` value: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a tolerance; expected a finite number >= 0, e.g. 1e-6 (0: exact)"
+        )
+    return value
+
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _ckpt_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """What argparse cannot say of a ``ckpt`` command line: ``--json`` against
+    ``--output-format``, and ``inspect --keys FILE`` (the optional GLOB took the path)."""
+    if args.output_format == "text" and args.json:
+        parser.error("--json means --output-format json; pass one of them, not both")
+    args.json = args.json or args.output_format == "json"
+    if getattr(args, "ckpt_command", None) != "inspect" or args.path is not None:
+        return
+    if args.keys is None or args.keys == "*":
+        parser.error("the following arguments are required: PATH")
+    if any(c in _GLOB_CHARS for c in args.keys) and not os.path.exists(args.keys):
+        parser.error(
+            f"--keys {args.keys!r} and no PATH: pass the checkpoint too, e.g. "
+            f"safetorch ckpt inspect --keys {args.keys!r} model.pt"
+        )
+    args.path, args.keys = args.keys, "*"  # `inspect --keys FILE`: every key of FILE
+
+
 def _leaf(
     sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
     name: str,
@@ -187,6 +248,8 @@ def _leaf(
         name, help=text, description=description or text, epilog=epilog, formatter_class=_FORMATTER
     )
     p.set_defaults(func=_Lazy(handler), _parser=p)
+    if handler == _CKPT:
+        p.set_defaults(_check=_ckpt_check)
     return p
 
 
@@ -226,21 +289,23 @@ def add_ckpt_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPa
             "2 bad input (missing, unreadable or corrupt checkpoint, unknown --key).",
         ),
     )
-    inspect.add_argument("path", metavar="PATH", help=source)
+    inspect.add_argument("path", metavar="PATH", nargs="?", help=source)
     inspect.add_argument(
         "--keys",
         nargs="?",
         const="*",
         default=None,
         metavar="GLOB",
-        help="list every entry (key, shape, dtype, bytes), optionally only keys matching GLOB",
+        help="list every entry (key, shape, dtype, bytes), optionally only keys matching GLOB "
+        "(before or after PATH: --keys model.pt lists every key of model.pt)",
     )
     inspect.add_argument(
         "--key",
         default=None,
         help="container key (or st.save_state object name) of the state dict to describe",
     )
-    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_output(inspect)
+    _add_no_progress(inspect)
     _add_allow(inspect)
 
     convert = _leaf(
@@ -278,8 +343,8 @@ def add_ckpt_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPa
         "--max-shard-size",
         default=None,
         metavar="SIZE",
-        help="with --to safetensors: shards of at most SIZE (e.g. 5GB) in the directory OUT, "
-        "with model.safetensors.index.json",
+        help="safetensors shards of at most SIZE (e.g. 5GB) in the directory OUT, with "
+        "model.safetensors.index.json (implies --to safetensors)",
     )
     convert.add_argument(
         "--max-bytes",
@@ -294,7 +359,8 @@ def add_ckpt_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPa
         help="container key (or st.save_state object name) of the state dict to write (only "
         "that one)",
     )
-    convert.add_argument("--json", action="store_true", help="machine-readable summary")
+    _add_output(convert)
+    _add_no_progress(convert)
     _add_allow(convert)
 
     diff = _leaf(
@@ -311,7 +377,17 @@ def add_ckpt_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPa
         default=None,
         help="container key (or st.save_state object name) of the state dict in both",
     )
-    diff.add_argument("--json", action="store_true", help="machine-readable output")
+    for name, what in (("atol", "absolute"), ("rtol", "relative")):
+        diff.add_argument(
+            f"--{name}",
+            type=_tolerance,
+            default=0.0,
+            metavar="TOL",
+            help=f"{what} tolerance: values are equal where |a - b| <= atol + rtol * |b| "
+            "(torch.isclose; default 0: exact); exit 0 when every difference is within it",
+        )
+    _add_output(diff)
+    _add_no_progress(diff)
     _add_allow(diff)
 
     verify = _leaf(
@@ -323,7 +399,7 @@ def add_ckpt_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPa
         _epilog("exit status: 0 intact, 1 a problem found, 2 bad input."),
     )
     verify.add_argument("path", metavar="PATH", help=source)
-    verify.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_output(verify)
     _add_allow(verify)
 
     fit = _leaf(
@@ -349,7 +425,7 @@ def add_ckpt_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPa
     fit.add_argument(
         "--prefix", default=None, help="take the keys under this module path (e.g. features.)"
     )
-    fit.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_output(fit)
     _add_allow(fit)
 
 
@@ -462,6 +538,28 @@ def add_trust_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentP
     p.add_argument("-y", "--yes", action="store_true", help="trust without asking (scripts)")
     p.add_argument(
         "--remove", action="store_true", help="take the trust back (the file as it is now)"
+    )
+
+
+def add_completion_parsers(
+    subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]",
+) -> None:
+    """Register ``completion`` (nothing imported)."""
+    p = _leaf(
+        subparsers,
+        "completion",
+        COMMANDS["completion"][1],
+        "safetorch._completion:run",
+        _epilog(
+            "Generated from the argument parser: every command, action and option. Install:",
+            "  safetorch completion bash > ~/.local/share/bash-completion/completions/safetorch",
+            '  safetorch completion zsh > "${fpath[1]}/_safetorch"',
+            "  safetorch completion fish > ~/.config/fish/completions/safetorch.fish",
+            "exit status: 0 printed, 2 an unknown SHELL.",
+        ),
+    )
+    p.add_argument(
+        "shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish"
     )
 
 
@@ -604,6 +702,9 @@ def _main(argv: List[str]) -> int:
     leaf: argparse.ArgumentParser = getattr(args, "_parser", parser)
     if extra:  # named by the subcommand that did not know them (argparse says "safetorch")
         leaf.error(f"unrecognized arguments: {' '.join(extra)}")
+    check = getattr(args, "_check", None)
+    if check is not None:  # what argparse cannot check by itself; a usage error as its own
+        check(args, leaf)
     func = getattr(args, "func", None)
     if func is None:
         leaf.print_help(sys.stderr)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import FrozenSet, Optional
+from typing import FrozenSet, Optional, cast
 
 import torch
 
 from safetorch import _compat
+from safetorch._types import IndexCheckMode
 
 __all__: list = []  # private: the public functions are in safetorch.device
 
@@ -33,7 +34,7 @@ _MODES = ("auto", "always", "never")
 # Device types whose index kernels already raise a clean Python exception, or hold no data.
 _KERNEL_CHECKED: FrozenSet[str] = frozenset({"cpu", "meta"})
 
-_mode: str = "auto"
+_mode: IndexCheckMode = "auto"
 # Hot-path shortcut read by safetorch.tensor: CPU tensors skip the check unless "always".
 # (`x.is_cpu` costs ~0.1 us where `x.device.type` costs ~0.7 us.)
 cpu_unchecked: bool = True
@@ -51,17 +52,17 @@ class _All:
 _ALL = _All()
 
 
-def _validate(mode: object, source: str) -> str:
+def _validate(mode: object, source: str) -> IndexCheckMode:
     if mode not in _MODES:
         raise ValueError(
             f"{source} must be one of {', '.join(repr(m) for m in _MODES)}, got {mode!r}; "
             'use "auto" (check only where kernels do not), "always" (check everywhere, '
             'e.g. to run the CUDA path on CPU) or "never"'
         )
-    return str(mode)
+    return cast(IndexCheckMode, mode)
 
 
-def set_mode(mode: str) -> str:
+def set_mode(mode: IndexCheckMode) -> IndexCheckMode:
     """``st.set_index_check``'s implementation (see there); returns the previous mode."""
     global _mode, _unchecked, cpu_unchecked
     mode = _validate(mode, "set_index_check(mode)")
@@ -77,7 +78,7 @@ def set_mode(mode: str) -> str:
     return previous
 
 
-def get_mode() -> str:
+def get_mode() -> IndexCheckMode:
     """The current index-check mode (``st.get_index_check``)."""
     return _mode
 
@@ -118,10 +119,10 @@ def index_check_reason(device_type: str) -> str:
     return f"{device_type} kernels are not known to raise cleanly: check first"
 
 
-def _initial_mode() -> str:
+def _initial_mode() -> IndexCheckMode:
     value = os.environ.get("SAFETORCH_INDEX_CHECK", "auto").strip().lower() or "auto"
     if value in _MODES:
-        return value
+        return cast(IndexCheckMode, value)
     # A typo in an environment variable must not make `import safetorch` fail.
     from safetorch.errors import SafetorchWarning
 

@@ -15,6 +15,7 @@ import torch
 
 from safetorch import _device
 from safetorch._nest import DESCEND, map_tensors
+from safetorch._types import IndexCheckMode, unquoted
 from safetorch.errors import DeviceMismatchError
 
 __all__ = [
@@ -170,7 +171,8 @@ def to_device(obj: Any, device: DeviceLike, non_blocking: Optional[bool] = None)
     return map_tensors(move, obj, own=move_itself)
 
 
-def set_index_check(mode: str) -> str:
+@unquoted
+def set_index_check(mode: IndexCheckMode) -> IndexCheckMode:
     """Set where safetorch checks index bounds before launching an indexing kernel.
 
     Args:
@@ -192,7 +194,8 @@ def set_index_check(mode: str) -> str:
     return _device.set_mode(mode)
 
 
-def get_index_check() -> str:
+@unquoted
+def get_index_check() -> IndexCheckMode:
     """Return the current index-check mode (``"auto"``, ``"always"`` or ``"never"``).
 
     >>> import safetorch as st

@@ -423,7 +423,11 @@ def render(args: argparse.Namespace) -> int:
     if notes:
         out += [notes, ""]
     COMPAT_MD.write_text("\n".join(out).rstrip("\n") + "\n")
-    return 0
+    # docs/compatibility.md's matrix section follows COMPAT.md (tools/compat_docs.py).
+    sys.path.insert(0, str(ROOT / "tools"))
+    import compat_docs
+
+    return compat_docs.main([])
 
 
 def main(argv: Optional[List[str]] = None) -> int:

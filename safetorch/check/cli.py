@@ -1,4 +1,8 @@
-"""``safetorch check PATH...``: report (and with ``--fix`` repair) PyTorch pitfalls in code.
+"""``safetorch check [PATH...]``: report (and with ``--fix`` repair) PyTorch pitfalls in code.
+
+ruff's conventions: ``.`` when no path is given; what ``.gitignore`` ignores is skipped while
+walking (``--no-respect-gitignore``: not), files named explicitly are checked all the same;
+``All checks passed!`` when nothing is found; ``-q`` prints the findings and nothing else.
 
 Exit status: 0 when no findings remain, 1 when some do, 2 on a usage error (bad option,
 unknown rule code, missing path, bad ``[tool.safetorch]``) or an unreadable file, with a
@@ -20,12 +24,17 @@ __all__ = ["add_parsers", "run_check", "format_github", "format_sarif"]
 _EPILOG = """\
 exit status: 0 no findings remain, 1 findings remain, 2 usage error or unreadable input,
 130 interrupted.
+PATH defaults to the current directory; directories are walked skipping what .gitignore
+and .git/info/exclude ignore (--no-respect-gitignore: not); files named are always checked.
 --fix applies safe fixes only (they keep behaviour and checkpoint compatibility);
 --unsafe-fixes also applies those that change behaviour. Configure in pyproject.toml
-[tool.safetorch]: select, ignore, per-file-ignores, extend-exclude, min-torch-version.
-suppress one line with `# noqa` or `# noqa: ST003`; explain a rule with --explain ST003.
+[tool.safetorch]: select, ignore, per-file-ignores, extend-exclude, min-torch-version,
+respect-gitignore. suppress one line with `# noqa` or `# noqa: ST003`; explain a rule with
+--explain ST003.
 """
-_FORMATS = ("text", "json", "github", "sarif")
+_FORMATS = ("text", "concise", "json", "github", "sarif")
+_TEXT_FORMATS = ("text", "concise")
+_SUCCESS = "All checks passed!"
 _INFO_URI = "https://github.com/safetorch/safetorch"
 
 
@@ -46,7 +55,10 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "paths", nargs="*", metavar="PATH", help="files or directories to check; - for stdin"
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="files or directories to check (default: .); - for stdin",
     )
     p.add_argument("--select", metavar="CODES", help="comma-separated codes or prefixes to run")
     p.add_argument("--ignore", metavar="CODES", help="comma-separated codes or prefixes to skip")
@@ -65,7 +77,8 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         dest="output_format",
         choices=_FORMATS,
         default="text",
-        help="text (path:line:col: CODE message), json, github (workflow annotations), sarif",
+        help="text (path:line:col: CODE message, and a summary), concise (the same lines, as "
+        "ruff's concise), json, github (workflow annotations), sarif",
     )
     p.add_argument(
         "--json",
@@ -75,6 +88,34 @@ def add_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         help="same as --output-format json",
     )
     p.add_argument("--statistics", action="store_true", help="print counts per rule instead")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print the findings and nothing else (no summary, no success line, no warnings)",
+    )
+    p.add_argument(
+        "--show-fixes",
+        action="store_true",
+        help="mark findings with a fix ([*] safe, [-] with --unsafe-fixes); with --fix or "
+        "--diff, list what was fixed per file and rule",
+    )
+    gitignore = p.add_mutually_exclusive_group()
+    gitignore.add_argument(
+        "--respect-gitignore",
+        dest="respect_gitignore",
+        action="store_const",
+        const=True,
+        default=None,
+        help="skip files .gitignore and .git/info/exclude ignore while walking (the default)",
+    )
+    gitignore.add_argument(
+        "--no-respect-gitignore",
+        dest="respect_gitignore",
+        action="store_const",
+        const=False,
+        help="check ignored files too",
+    )
     p.add_argument("--exit-zero", action="store_true", help="exit 0 even when findings remain")
     p.add_argument("--explain", metavar="CODE", help="print what a rule checks and exit")
     p.add_argument("--list-rules", action="store_true", help="list every rule and exit")
@@ -106,12 +147,23 @@ def _usage_error(message: str) -> int:
     return 2
 
 
+def _warn(args: argparse.Namespace, message: str) -> None:
+    if not args.quiet:
+        print(f"safetorch check: warning: {message}", file=sys.stderr)
+
+
 def _settings(args: argparse.Namespace) -> Any:
     """The run's Settings: --config, else the nearest pyproject.toml with [tool.safetorch]."""
     from dataclasses import replace
 
-    from safetorch.check.config import Settings, find_config, load_settings, parse_version
+    from safetorch.check.config import (
+        Settings,
+        find_config_and_warnings,
+        load_settings,
+        parse_version,
+    )
 
+    passed: List[str] = []
     if args.isolated:
         settings = Settings()
     else:
@@ -119,12 +171,12 @@ def _settings(args: argparse.Namespace) -> Any:
         if config is None:
             start = args.stdin_filename if args.paths == ["-"] and args.stdin_filename else None
             start = start or (args.paths[0] if args.paths and args.paths[0] != "-" else ".")
-            config = find_config(start)
+            config, passed = find_config_and_warnings(start)
         elif not os.path.isfile(config):
             raise FileNotFoundError(f"no such config file: {config!r}")
         settings = load_settings(config)
-    for warning in settings.warnings:
-        print(f"safetorch check: warning: {warning}", file=sys.stderr)
+    for warning in [*passed, *settings.warnings]:
+        _warn(args, warning)
     if args.min_torch_version:
         settings = replace(settings, min_torch=parse_version(args.min_torch_version))
     return settings
@@ -155,7 +207,7 @@ def run_check(args: argparse.Namespace) -> int:
         _list_rules(args.output_format)
         return 0
     if not args.paths:
-        return _usage_error("no PATH given (use - for stdin, or --explain CODE, --list-rules)")
+        args.paths = ["."]  # as ruff: the current directory
     if args.fix and args.diff:
         return _usage_error("--fix and --diff exclude each other")
     if args.jobs < 1:
@@ -166,6 +218,9 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         settings = _settings(args)
         fixing = args.fix or args.diff
+        respect = args.respect_gitignore
+        if respect is None:
+            respect = settings.respect_gitignore is not False
         if stdin:
             name = args.stdin_filename or "-"
             results = [
@@ -190,6 +245,7 @@ def run_check(args: argparse.Namespace) -> int:
                 unsafe_fixes=args.unsafe_fixes,
                 settings=settings,
                 force_exclude=args.force_exclude,
+                respect_gitignore=respect,
             )
     except (ValueError, FileNotFoundError, ConfigError) as exc:
         return _usage_error(str(exc))
@@ -212,9 +268,14 @@ def run_check(args: argparse.Namespace) -> int:
         remaining = bool(diagnostics)
     else:
         remaining = bool(diagnostics)
-        _emit(args.output_format, diagnostics, args.statistics)
-    if args.output_format == "text" or args.diff:
+        _emit(args.output_format, diagnostics, args.statistics, args.show_fixes)
+    quiet = args.quiet or not (args.output_format in _TEXT_FORMATS or args.diff)
+    if args.show_fixes and (args.fix or args.diff) and not args.quiet:
+        _show_fixes(results, diff=args.diff)
+    if not quiet:
         _summary(diagnostics, fixed, args.fix or args.diff, args.unsafe_fixes, diff=args.diff)
+        if not diagnostics and not unreadable:
+            print(_SUCCESS, file=sys.stderr)
     for message in unreadable:
         print(f"safetorch check: error: {message}", file=sys.stderr)
     if unreadable:
@@ -222,7 +283,25 @@ def run_check(args: argparse.Namespace) -> int:
     return 0 if args.exit_zero or not remaining else 1
 
 
-def _emit(fmt: str, diagnostics: Sequence[Any], statistics: bool) -> None:
+def _show_fixes(results: Sequence[Any], diff: bool) -> None:
+    """ruff's ``--show-fixes`` list on stderr: per file, how many findings of each rule the
+    fixes removed (``--diff``: would remove)."""
+    from safetorch.check.rules import RULE_TABLE
+
+    fixed = [r for r in results if r.fixed_codes]
+    total = sum(n for r in fixed for n in r.fixed_codes.values())
+    if not total:
+        return
+    lines = [f"{'Would fix' if diff else 'Fixed'} {total} finding(s):"]
+    for r in fixed:
+        lines.append(f"- {r.path}:")
+        for code, n in r.fixed_codes.items():
+            name = RULE_TABLE[code].name if code in RULE_TABLE else ""
+            lines.append(f"    {n} x {code} ({name})" if name else f"    {n} x {code}")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _emit(fmt: str, diagnostics: Sequence[Any], statistics: bool, marks: bool = False) -> None:
     if statistics:
         _statistics(fmt, diagnostics)
     elif fmt == "json":
@@ -232,18 +311,20 @@ def _emit(fmt: str, diagnostics: Sequence[Any], statistics: bool) -> None:
         sys.stdout.write(format_github(diagnostics))
     elif fmt == "sarif":
         sys.stdout.write(json.dumps(format_sarif(diagnostics), indent=2) + "\n")
-    else:
+    else:  # text and concise: ruff's concise lines
         for d in diagnostics:
-            print(_painted(d))
+            print(_painted(d, marks))
 
 
-def _painted(d: Any) -> str:
+def _painted(d: Any, marks: bool = False) -> str:
     """One finding as text: ruff's colours on a terminal (path bold, code red), plain
-    otherwise or with ``NO_COLOR`` (the same text either way)."""
+    otherwise or with ``NO_COLOR`` (the same text either way); ``marks``: ``[*]``/``[-]``
+    after the code of a finding with a safe/unsafe fix (``--show-fixes``)."""
     from safetorch._cli import paint
 
     where = paint(f"{d.path}:{d.line}:{d.col}:", "bold")
-    return f"{where} {paint(d.code, 'bold red')} {d.message}"
+    mark = _fix_mark(d.fix) if marks else ""
+    return f"{where} {paint(d.code, 'bold red')}{' ' + mark if mark else ''} {d.message}"
 
 
 def _fix_mark(fix: Any) -> str:

@@ -12,13 +12,20 @@ Keys (ruff's names)::
     extend-exclude = ["legacy/", "gen_*.py"]   # paths skipped while walking
     min-torch-version = "2.1"       # oldest torch the code supports (default: from
                                     # [project] dependencies "torch>=X", else unknown)
+    respect-gitignore = true        # skip what .gitignore ignores (the default)
 
     [tool.safetorch.per-file-ignores]
     "tests/*" = ["ST003", "ST004"]
+
+Those are the only tables read. A ``[tool.*]`` table whose name is close to ``safetorch``
+(``[tool.safetorc]``, ``[tool.safe-torch]``, ``[tool.safetorch-check]``: it starts with
+``safetorch`` or differs from it by a letter or two) is a typo that would skip the settings
+silently: it is named in a warning.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import re
@@ -27,9 +34,28 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from safetorch.check.engine import parse_codes
 
-__all__ = ["ConfigError", "Settings", "find_config", "load_settings", "parse_version"]
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "find_config",
+    "find_config_and_warnings",
+    "load_settings",
+    "parse_version",
+]
 
-_KEYS = frozenset({"select", "ignore", "per-file-ignores", "extend-exclude", "min-torch-version"})
+_KEYS = frozenset(
+    {
+        "select",
+        "ignore",
+        "per-file-ignores",
+        "extend-exclude",
+        "min-torch-version",
+        "respect-gitignore",
+    }
+)
+_TABLE = "safetorch"
+# `[tool.NAME]` / `[tool.NAME.sub]` / `[[tool.NAME]]` headers, and `tool.NAME.x = ...` dotted keys.
+_TOOL_TABLE = re.compile(r"^\s*\[{1,2}\s*tool\.\s*\"?([A-Za-z0-9_-]+)", re.MULTILINE)
 _TORCH_REQ = re.compile(r"^\s*torch\s*(?:\[[^\]]*\])?\s*(?P<spec>[^;]*)")
 _LOWER_BOUND = re.compile(r"(>=|==|~=|>)\s*(\d+)(?:\.(\d+))?")
 
@@ -50,6 +76,7 @@ class Settings:
         per_file_ignores: ``(glob, codes)`` pairs.
         extend_exclude: Globs of paths skipped while walking directories.
         min_torch: Oldest supported torch as ``(major, minor)``, or None when unknown.
+        respect_gitignore: ``respect-gitignore`` (None: not set; the command's default is on).
 
     >>> s = Settings(per_file_ignores=(("tests/*", ("ST003",)),))
     >>> s.ignores_for("tests/test_a.py"), s.ignores_for("src/a.py")
@@ -63,6 +90,7 @@ class Settings:
     per_file_ignores: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
     extend_exclude: Tuple[str, ...] = ()
     min_torch: Optional[Tuple[int, int]] = None
+    respect_gitignore: Optional[bool] = None
     warnings: Tuple[str, ...] = field(default=(), compare=False)
 
     def _relative(self, path: str) -> str:
@@ -151,27 +179,61 @@ def _load_toml(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
 
 
-def find_config(start: str) -> Optional[str]:
-    """The nearest ``pyproject.toml`` with a ``[tool.safetorch]`` table, from ``start`` up.
+def is_near_miss(name: str) -> bool:
+    """Whether ``[tool.<name>]`` looks like a mistyped ``[tool.safetorch]``.
+
+    >>> [n for n in ("safetorc", "safe-torch", "safetorch-check", "safety", "torch", "safetorch")
+    ...  if is_near_miss(n)]
+    ['safetorc', 'safe-torch', 'safetorch-check']
+    """
+    low = name.lower()
+    if low == _TABLE:
+        return False
+    return low.startswith(_TABLE) or difflib.SequenceMatcher(None, low, _TABLE).ratio() >= 0.8
+
+
+def _near_miss_warnings(path: str, names: Any) -> List[str]:
+    return [
+        f"{path}: [tool.{name}] is not a table safetorch reads (did you mean "
+        f"[tool.{_TABLE}]?); its settings are ignored. safetorch check reads [tool.{_TABLE}] "
+        f"and [tool.{_TABLE}.per-file-ignores]"
+        for name in sorted(set(names))
+        if is_near_miss(str(name))
+    ]
+
+
+def find_config_and_warnings(start: str) -> Tuple[Optional[str], List[str]]:
+    """The nearest ``pyproject.toml`` with a ``[tool.safetorch]`` table, from ``start`` up,
+    and a warning for each mistyped table (:func:`is_near_miss`) in the files passed on the way
+    (a file with only ``[tool.safetorc]`` is skipped, as it would be silently).
 
     A cheap text test picks candidates, so directories without the table cost one read.
     """
     here = os.path.abspath(start)
     if not os.path.isdir(here):
         here = os.path.dirname(here)
+    warnings: List[str] = []
     while True:
         candidate = os.path.join(here, "pyproject.toml")
         if os.path.isfile(candidate):
             try:
                 with open(candidate, encoding="utf-8", errors="replace") as handle:
-                    if re.search(r"^\s*\[tool\.safetorch[\].]", handle.read(), re.MULTILINE):
-                        return candidate
+                    names = _TOOL_TABLE.findall(handle.read())
             except OSError:
-                pass
+                names = []
+            if _TABLE in names:
+                return candidate, warnings  # load_settings warns about the file it reads
+            warnings += _near_miss_warnings(candidate, names)
         parent = os.path.dirname(here)
         if parent == here:
-            return None
+            return None, warnings
         here = parent
+
+
+def find_config(start: str) -> Optional[str]:
+    """The nearest ``pyproject.toml`` with a ``[tool.safetorch]`` table, from ``start`` up
+    (:func:`find_config_and_warnings` without the warnings)."""
+    return find_config_and_warnings(start)[0]
 
 
 def _codes(table: Dict[str, Any], key: str, path: str) -> Tuple[str, ...]:
@@ -204,7 +266,9 @@ def load_settings(config: Optional[str]) -> Settings:
     root = os.path.dirname(os.path.abspath(config))
     if data is None:
         return Settings(root=root, warnings=(warning,) if warning else ())
-    table = data.get("tool", {}).get("safetorch", {})
+    tool = data.get("tool", {})
+    near_misses = tuple(_near_miss_warnings(config, tool if isinstance(tool, dict) else ()))
+    table = tool.get("safetorch", {}) if isinstance(tool, dict) else {}
     if not isinstance(table, dict):
         raise ConfigError(f"{config}: [tool.safetorch] must be a table")
     unknown = sorted(set(table) - _KEYS)
@@ -228,6 +292,11 @@ def load_settings(config: Optional[str]) -> Settings:
         min_torch: Optional[Tuple[int, int]] = parse_version(table["min-torch-version"])
     else:
         min_torch = _torch_floor(data.get("project", {}).get("dependencies"))
+    respect = table.get("respect-gitignore")
+    if respect is not None and not isinstance(respect, bool):
+        raise ConfigError(
+            f"{config}: [tool.safetorch] respect-gitignore must be true or false, got {respect!r}"
+        )
     return Settings(
         root=root,
         path=config,
@@ -236,4 +305,6 @@ def load_settings(config: Optional[str]) -> Settings:
         per_file_ignores=pairs,
         extend_exclude=tuple(exclude),
         min_torch=min_torch,
+        respect_gitignore=respect,
+        warnings=near_misses,
     )

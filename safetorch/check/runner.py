@@ -10,10 +10,12 @@ import os
 import sys
 import tokenize
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 from safetorch._atomic import atomic_write_text
+from safetorch.check import _gitignore
 from safetorch.check.config import Settings
 from safetorch.check.engine import (
     SYNTAX_ERROR_CODE,
@@ -131,14 +133,15 @@ def _fix(
     syntax: bool,
     options: Options,
     unsafe_fixes: bool,
-) -> Tuple[str, List[Diagnostic], int]:
-    """Fix until nothing changes; return (source, remaining findings, fixes applied)."""
+) -> Tuple[str, List[Diagnostic], int, Dict[str, int]]:
+    """Fix until nothing changes; return (source, remaining findings, fixes applied, findings
+    gone per code: what ``--show-fixes`` lists)."""
     applied_total = 0
 
     def run(text: str) -> List[Diagnostic]:
         return analyze(text, path, rules, keep_syntax_errors=syntax, options=options)
 
-    found = run(source)
+    found = first = run(source)
     for _ in range(_MAX_FIX_PASSES):
         allowed = [d for d in found if d.fix is not None and (unsafe_fixes or d.fix.safe)]
         fixed, applied = apply_fixes(source, allowed)
@@ -150,7 +153,8 @@ def _fix(
             break
         source, applied_total = fixed, applied_total + applied
         found = run(source)
-    return source, found, applied_total
+    gone = Counter(d.code for d in first) - Counter(d.code for d in found)
+    return source, found, applied_total, dict(sorted(gone.items()))
 
 
 def fix_source(
@@ -195,18 +199,22 @@ def iter_python_files(
     excludes: Iterable[str] = DEFAULT_EXCLUDES,
     settings: Optional[Settings] = None,
     force_exclude: bool = False,
+    respect_gitignore: bool = False,
 ) -> Iterator[str]:
     """The ``.py`` files under ``paths``, in a stable order.
 
     Files named explicitly are always yielded; directories are walked, skipping the names in
-    ``excludes`` (and ``*.egg-info``).
+    ``excludes`` (and ``*.egg-info``), and with ``respect_gitignore`` what ``.gitignore``
+    files and ``.git/info/exclude`` ignore (:mod:`safetorch.check._gitignore`).
 
     Args:
         paths: Files and directories.
         excludes: Directory names to skip while walking.
         settings: Its ``extend-exclude`` patterns are skipped while walking too.
-        force_exclude: Apply ``extend-exclude`` to files named explicitly as well (for
-            pre-commit, which names every file).
+        force_exclude: Apply ``extend-exclude`` (and with ``respect_gitignore``, the ignore
+            files) to paths named explicitly as well (for pre-commit, which names every file).
+        respect_gitignore: Skip what git ignores while walking (``safetorch check`` does by
+            default; ``--no-respect-gitignore``).
 
     Raises:
         FileNotFoundError: A path that does not exist.
@@ -220,7 +228,10 @@ def iter_python_files(
     """
     skip = frozenset(excludes)
     excluded = settings.excluded if settings is not None and settings.extend_exclude else None
+    git = _gitignore.Matcher() if respect_gitignore else None
     for path in paths:
+        if force_exclude and git is not None and git.ignored_anywhere(path):
+            continue
         if os.path.isdir(path):
             named_excluded = excluded is not None and excluded(path)
             if force_exclude and named_excluded:
@@ -235,11 +246,14 @@ def iter_python_files(
                     if d not in skip
                     and not d.endswith(".egg-info")
                     and not (inner is not None and inner(os.path.join(root, d)))
+                    and not (git is not None and git.ignored(os.path.join(root, d), True))
                 )
                 for name in sorted(files):
                     if name.endswith(".py"):
                         full = os.path.join(root, name)
-                        if inner is None or not inner(full):
+                        if (inner is None or not inner(full)) and not (
+                            git is not None and git.ignored(full, False)
+                        ):
                             yield full
         elif os.path.isfile(path):
             if not (force_exclude and excluded is not None and excluded(path)):
@@ -267,6 +281,7 @@ class FileResult:
         before: The original text (only when fixing).
         after: The fixed text (only when fixing).
         error: Why the file could not be read (then nothing else is set).
+        fixed_codes: Findings the fixes removed, per rule code (only when fixing).
     """
 
     path: str
@@ -275,6 +290,7 @@ class FileResult:
     before: Optional[str] = None
     after: Optional[str] = None
     error: Optional[str] = None
+    fixed_codes: Dict[str, int] = field(default_factory=dict)
 
 
 def check_file(
@@ -376,10 +392,10 @@ def _check_text(
     if not fix:
         found = analyze(source, path, rules, keep_syntax_errors=syntax, options=options)
         return FileResult(path, found)
-    fixed, remaining, count = _fix(source, path, rules, syntax, options, unsafe_fixes)
+    fixed, remaining, count, gone = _fix(source, path, rules, syntax, options, unsafe_fixes)
     if write and fixed != source:
         atomic_write_text(path, fixed, encoding=encoding)
-    return FileResult(path, remaining, count, source, fixed)
+    return FileResult(path, remaining, count, source, fixed, fixed_codes=gone if count else {})
 
 
 def check_text(
@@ -432,6 +448,7 @@ def check_paths(
     unsafe_fixes: bool = False,
     settings: Optional[Settings] = None,
     force_exclude: bool = False,
+    respect_gitignore: bool = False,
 ) -> List[FileResult]:
     """Check every ``.py`` file under ``paths``, in ``jobs`` processes.
 
@@ -446,6 +463,7 @@ def check_paths(
         settings: Project settings (``[tool.safetorch]``): select, ignore, per-file-ignores,
             extend-exclude, minimum torch version.
         force_exclude: Apply ``extend-exclude`` to files named explicitly too.
+        respect_gitignore: Skip what ``.gitignore`` ignores (:func:`iter_python_files`).
 
     Returns:
         One ``FileResult`` per file, in walking order.
@@ -470,7 +488,12 @@ def check_paths(
     for top in paths:
         # The directory a file was found under is its project where nothing else marks one.
         root = top if os.path.isdir(top) else None
-        for p in iter_python_files([top], settings=settings, force_exclude=force_exclude):
+        for p in iter_python_files(
+            [top],
+            settings=settings,
+            force_exclude=force_exclude,
+            respect_gitignore=respect_gitignore,
+        ):
             job_args.append((p, select, ignore, fix, write, unsafe_fixes, settings, root))
     files = [a[0] for a in job_args]
     if jobs <= 1 or len(files) <= 1:

@@ -8,17 +8,20 @@ checkpoint a saver directory holds (``safetorch ckpt`` commands accept such a di
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import shutil
 import stat
-from typing import Any, Dict, List, Optional, Tuple
+import sys
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from safetorch._atomic import atomic_write
+from safetorch._types import SaverMode, unquoted
 from safetorch.checkpoint import reader
 from safetorch.checkpoint.layouts import _STATE_FILE, _state_names, latest_complete
 from safetorch.checkpoint.loading import PathLike
@@ -85,11 +88,12 @@ class CheckpointSaver:
     {'epoch': 1, 'metric': 0.6}
     """
 
+    @unquoted
     def __init__(
         self,
         directory: PathLike,
         *,
-        mode: str = "min",
+        mode: SaverMode = "min",
         unwrap: bool = False,
         top_k: int = 1,
         max_history: int = 1,
@@ -153,6 +157,16 @@ class CheckpointSaver:
             "CheckpointSaver wrote. Delete it (or move it away) to start a fresh index: the "
             f"checkpoints in {self.directory!r} stay, and resume() finds them by name"
         )
+
+    @contextlib.contextmanager
+    def _index_locked(self) -> Iterator[None]:
+        """Hold the directory's index lock, with ``self.index`` read afresh: two jobs saving into
+        one directory each update the index another just wrote, instead of overwriting it with
+        the copy read at construction (a lost entry, and a pruned file the index still names)."""
+        lock_path = os.path.join(self.directory, f".{os.path.basename(self.index_path)}.lock")
+        with _exclusive_lock(lock_path):
+            self.index = self._read_index()
+            yield
 
     def _write_index(self, index: Dict[str, Any]) -> None:
         text = json.dumps(index, indent=2, sort_keys=True)
@@ -232,6 +246,10 @@ class CheckpointSaver:
         entry = {"epoch": int(epoch), "metric": value}
 
         def write() -> Tuple[Dict[str, Any], bool]:
+            with self._index_locked():
+                return _write()
+
+        def _write() -> Tuple[Dict[str, Any], bool]:
             improved = self.is_better(value)
             _save_local(state, self.last_path, self.unwrap)
             index = dict(self.index)
@@ -277,6 +295,10 @@ class CheckpointSaver:
         entry = {"epoch": int(epoch), "metric": value, "file": name}
 
         def update() -> Tuple[Dict[str, Any], bool]:
+            with self._index_locked():
+                return _update()
+
+        def _update() -> Tuple[Dict[str, Any], bool]:
             improved = value is not None and self.is_better(value)
             index = dict(self.index)
             states = [e for e in index.get("states", []) if e["file"] != name] + [entry]
@@ -346,6 +368,41 @@ class CheckpointSaver:
         if last or os.path.exists(self.last_path):
             return "save"
         return "save_state" if _state_names(self.directory) else None
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: str) -> Iterator[None]:
+    """An exclusive lock on the file ``path`` (created if missing, kept afterwards: removing a
+    lock file another process may be waiting on would let a third one in), held until the body
+    ends; the operating system drops it when the process dies, so a killed job never leaves the
+    directory locked. ``fcntl.flock`` on POSIX, ``msvcrt.locking`` on Windows: what the
+    ``filelock`` package does, without it (torch depends on filelock only from 2.0 on)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        if sys.platform == "win32":
+            import msvcrt
+
+            while True:  # LK_LOCK retries for 10 s, then raises: wait as long as it takes
+                try:
+                    msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+                    break
+                except OSError:
+                    continue
+            try:
+                yield
+            finally:
+                os.lseek(fd, 0, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        else:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _index_problem(index: Any, root: reader.Root) -> Optional[str]:

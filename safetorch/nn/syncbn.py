@@ -43,6 +43,7 @@ from torch.autograd.function import once_differentiable
 from safetorch import _compat, _dist
 from safetorch._compat import BatchNormBase as _BatchNorm
 from safetorch._stack import user_stacklevel
+from safetorch._types import SyncBNPolicy, unquoted
 from safetorch.errors import DistributedWarning, SafetorchWarning
 
 __all__: List[str] = [
@@ -594,8 +595,9 @@ def _warn_launched_without_group(reason: str) -> None:
     )
 
 
+@unquoted
 def convert_sync_batchnorm(
-    module: nn.Module, process_group: Any = None, *, policy: str = "auto"
+    module: nn.Module, process_group: Any = None, *, policy: SyncBNPolicy = "auto"
 ) -> nn.Module:
     """Convert BatchNorm layers to synchronized BatchNorm, only where it makes sense.
 

@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from safetorch._types import UpsampleMode, unquoted
+
 __all__: List[str] = [
     "upsample",
     "upsample_nearest",
@@ -37,11 +39,12 @@ _Size = Optional[Union[int, Sequence[int]]]
 _Scale = Optional[Union[float, Sequence[float]]]
 
 
+@unquoted
 def upsample(
     input: torch.Tensor,
     size: _Size = None,
     scale_factor: _Scale = None,
-    mode: str = "nearest",
+    mode: UpsampleMode = "nearest",
     align_corners: Optional[bool] = None,
 ) -> torch.Tensor:
     """Upsample ``input``: torch's deprecated ``F.upsample``, without the deprecation warning.

@@ -16,6 +16,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Iterator, List, Tuple
 
+from safetorch._types import PatchName, unquoted
 from safetorch.patching import registry
 
 # Declarations, imported in the order `all` applies them and the report lists them (a loop:
@@ -33,14 +34,15 @@ __all__ = ["patch", "unpatch", "patched", "patches"]
 _OPT_IN = frozenset(OPT_IN)
 
 
-def _default_names(names: Tuple[str, ...]) -> List[str]:
+def _default_names(names: Tuple[PatchName, ...]) -> List[str]:
     """What ``names`` resolve to, where no name means every patch but the opt-in ones."""
     if any(names):
         return registry.resolve_names(names, default_all=True)
     return [n for n in registry.resolve_names((), default_all=True) if n not in _OPT_IN]
 
 
-def patch(*names: str) -> List[str]:
+@unquoted
+def patch(*names: PatchName) -> List[str]:
     """Turn patches on: route legacy torch entry points to safetorch's implementations.
 
     Idempotent (a patch already on stays wrapped once) and thread-safe. Targets in modules
@@ -69,7 +71,8 @@ def patch(*names: str) -> List[str]:
     return registry.enable(_default_names(names))
 
 
-def unpatch(*names: str) -> List[str]:
+@unquoted
+def unpatch(*names: PatchName) -> List[str]:
     """Turn patches off and restore every touched attribute exactly.
 
     After it, each patched attribute ``is`` torch's original object again and attributes
@@ -97,7 +100,8 @@ def unpatch(*names: str) -> List[str]:
 
 
 @contextlib.contextmanager
-def patched(*names: str) -> Iterator[None]:
+@unquoted
+def patched(*names: PatchName) -> Iterator[None]:
     """Context manager: patches on inside the block, back to their previous state after.
 
     Contexts nest and may be used from several threads at once: a patch stays on while any

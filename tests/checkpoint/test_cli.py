@@ -13,6 +13,7 @@ import torch
 import safetorch as st
 from safetorch import _compat
 from safetorch._cli import main
+from safetorch.checkpoint import _cli_convert, _cli_progress
 from safetorch.checkpoint import cli as ckpt_cli
 
 
@@ -99,7 +100,7 @@ class _FakeTTY(io.StringIO):
 def test_progress_only_on_tty_for_large_files(
     dp_checkpoint, tmp_path, monkeypatch, tty, threshold, drawn
 ):
-    monkeypatch.setattr(ckpt_cli, "PROGRESS_MIN_BYTES", threshold)
+    monkeypatch.setattr(_cli_progress, "PROGRESS_MIN_BYTES", threshold)
     stream = _FakeTTY() if tty else io.StringIO()
     ckpt_cli.convert_checkpoint(str(dp_checkpoint), str(tmp_path / "o.pt"), progress_stream=stream)
     assert ("100.0%" in stream.getvalue()) is drawn
@@ -117,7 +118,7 @@ def test_storage_accounting_on_every_torch(dp_checkpoint, simulate_torch, untype
     sd = {"a": base[:3], "b": base[3:], "c": torch.ones(2, dtype=torch.float64)}
     with simulate_torch(HAS_UNTYPED_STORAGE=untyped and _compat.HAS_UNTYPED_STORAGE):
         info = ckpt_cli.inspect_checkpoint(str(dp_checkpoint))
-        flat, dropped = ckpt_cli._for_safetensors(sd)
+        flat, dropped = _cli_convert._for_safetensors(sd)
     assert info["tensor_count"] == 7 and info["tensor_bytes"] == 4 * (6 + 3 + 3 * 4) + 8
     assert dropped == [] and torch.equal(flat["b"], base[3:])
     ptrs = {k: v.data_ptr() for k, v in flat.items()}
@@ -154,7 +155,9 @@ def test_inspect_names_every_state_dict_and_lightning_prefix(lightning_like, cap
 
 def test_inspect_keys_with_glob(dp_checkpoint, capsys):
     assert main(["ckpt", "inspect", str(dp_checkpoint), "--keys", "*.weight", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema_version"] == 1 and document["command"] == "inspect"
+    rows = document["keys"]
     assert rows and all(r["key"].endswith(".weight") for r in rows)
     first = rows[0]
     assert first["key"].startswith("module.") and first["wrappers"] == ["module."]
@@ -195,7 +198,7 @@ def test_fit_says_what_load_state_dict_would_do(lightning_like, capsys, monkeypa
 
 
 def test_fit_leaves_the_model_untouched(dp_checkpoint):
-    from safetorch.checkpoint.cli import fit_checkpoint
+    from safetorch.checkpoint.cli import fit_checkpoint  # the public face of _cli_fit
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 3))
     before = {k: v.clone() for k, v in model.state_dict().items()}

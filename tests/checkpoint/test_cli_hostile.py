@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from safetorch._cli import main
-from safetorch.checkpoint import cli as ckpt_cli
+from safetorch.checkpoint import _cli_fit, _cli_inspect
 
 TIMEOUT = 120  # seconds a child may take (torch's import included)
 
@@ -107,7 +107,7 @@ def test_fit_in_process_keeps_installed_packages_first(tmp_path: Path, monkeypat
     for name in ("st_hostile_pkg", "st_hostile_model"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     before = list(sys.path)
-    model = ckpt_cli._model_from("st_hostile_model:build")
+    model = _cli_fit._model_from("st_hostile_model:build")
     assert isinstance(model, torch.nn.Linear)
     assert sys.modules["st_hostile_pkg"].ORIGIN == "installed"
     assert sys.path == before  # restored
@@ -262,6 +262,6 @@ def _dcp_exception() -> BaseException:
 def test_every_exception_is_one_line(
     hostile: Path, make, status: int, text: str, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setattr(ckpt_cli, "inspect_checkpoint", _raiser(make()))
+    monkeypatch.setattr(_cli_inspect, "inspect_checkpoint", _raiser(make()))
     assert main(["ckpt", "inspect", str(hostile / "ok.pt")]) == status
     assert text in _one_line(capsys.readouterr().err, "inspect")

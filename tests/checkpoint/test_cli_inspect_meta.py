@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from safetorch.checkpoint import cli
+from safetorch.checkpoint import _cli_inspect as cli
 
 
 def _checkpoint(path):

@@ -118,9 +118,16 @@ def test_directory_outputs_refuse_existing_paths_and_bad_sizes(tmp_path, dp_file
     )
     assert code == 2 and "size" in err and "Traceback" not in err
     code, _, err = _run(
-        "ckpt", "convert", str(path), str(tmp_path / "o.pt"), "--max-shard-size", "1GB"
+        "ckpt",
+        "convert",
+        str(path),
+        str(tmp_path / "o"),
+        "--max-shard-size",
+        "1GB",
+        "--to",
+        "torch",
     )
-    assert code == 2 and "--to safetensors" in err
+    assert code == 2 and "--to safetensors" in err  # alone, --max-shard-size implies it
 
 
 def test_inspect_a_library_directory_names_the_model_file(tmp_path, dp_file):

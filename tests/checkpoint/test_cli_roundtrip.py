@@ -20,6 +20,7 @@ import torch
 import safetorch as st
 from safetorch import _compat
 from safetorch._cli import main
+from safetorch.checkpoint import _cli_convert, _cli_progress
 from safetorch.checkpoint import cli as ckpt_cli
 from safetorch.errors import CheckpointError, UnsafeCheckpointError
 
@@ -112,7 +113,7 @@ def test_train_save_resume_convert_diff_through_the_cli(tmp_path: Path) -> None:
     assert "state dict: model (9 entries" in ins.stdout
     keys = _ckpt(tmp_path, "inspect", str(newest), "--keys", "--json")
     assert keys.returncode == 0, keys.stderr
-    rows = json.loads(keys.stdout)
+    rows = json.loads(keys.stdout)["keys"]
     assert {r["state_dict"] for r in rows} == {"model"} and len(rows) == 9
 
     # convert: safetensors keeps the model and names what it leaves; torch keeps everything
@@ -323,7 +324,7 @@ def test_interrupt_leaves_no_file_and_one_line(
 
     for dst, target in (
         ("o.pt", "torch.save"),
-        ("o.safetensors", "safetorch.checkpoint.cli._write_safetensors"),
+        ("o.safetensors", "safetorch.checkpoint._cli_convert._write_safetensors"),
     ):
         monkeypatch.setattr(target, interrupted)
         code, out, err = _run("ckpt", "convert", str(src), str(tmp_path / dst))
@@ -357,9 +358,9 @@ class _FakeTTY(io.StringIO):
 
 def test_progress_is_throttled_in_binary_units(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr(ckpt_cli.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(_cli_progress.time, "monotonic", lambda: clock[0])
     stream = _FakeTTY()
-    bar = ckpt_cli._Progress(10 * 2**20, stream, True)
+    bar = _cli_progress._Progress(10 * 2**20, stream, True)
     bar.start(10 * 2**20, "reading")
     for _ in range(1000):  # 1000 reads within 1 second: at most 10 redraws
         bar.advance(10 * 1024)
@@ -370,7 +371,7 @@ def test_progress_is_throttled_in_binary_units(monkeypatch: pytest.MonkeyPatch) 
     text = stream.getvalue()
     assert "100.0% 10.0 MiB/10.0 MiB" in text and " MB" not in text and text.endswith("\n")
     erased = _FakeTTY()
-    failed = ckpt_cli._Progress(100, erased, True)
+    failed = _cli_progress._Progress(100, erased, True)
     failed.update(50, "writing", force=True)
     failed.close(ok=False)
     assert erased.getvalue().endswith("\r\x1b[K")  # erased: the error line stands alone
@@ -384,7 +385,7 @@ def test_progress_covers_reading_and_writing(
         pytest.importorskip("safetensors")
     src = tmp_path / "m.pt"
     torch.save({"w": torch.randn(256, 256), "b": torch.randn(256)}, src)
-    monkeypatch.setattr(ckpt_cli, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(_cli_progress, "PROGRESS_MIN_BYTES", 0)
     stream = _FakeTTY()
     ckpt_cli.convert_checkpoint(str(src), str(tmp_path / dst), progress_stream=stream)
     text = stream.getvalue()
@@ -405,9 +406,9 @@ def test_own_safetensors_writer_reads_back_with_safetensors(tmp_path: Path) -> N
         "empty": torch.empty(0, 3),
         "scalar": torch.tensor(2.5, dtype=torch.float16),
     }
-    bar = ckpt_cli._Progress(1, io.StringIO(), False)
+    bar = _cli_progress._Progress(1, io.StringIO(), False)
     with open(tmp_path / "t.safetensors", "wb") as fh:
-        ckpt_cli._write_safetensors(tensors, fh, bar)
+        _cli_convert._write_safetensors(tensors, fh, bar)
     back = safetensors_torch.load_file(str(tmp_path / "t.safetensors"))
     assert sorted(back) == sorted(tensors)
     for key, value in tensors.items():

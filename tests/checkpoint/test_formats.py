@@ -10,7 +10,7 @@ import torch
 
 import safetorch as st
 from safetorch.checkpoint import formats
-from safetorch.checkpoint.cli import _format_of
+from safetorch.checkpoint._cli_source import _format_of
 
 
 def _zip(tmp_path):

@@ -232,7 +232,11 @@ def test_the_way_out_works_and_own_files_are_still_pruned(run: Tuple[Path, Path]
     model = torch.nn.Linear(1, 1)
     for epoch in range(3):
         saver.save_state(epoch=epoch, model=model)
-    assert sorted(os.listdir(directory)) == ["checkpoints.json", "state-000002.pt"]
+    assert sorted(os.listdir(directory)) == [
+        ".checkpoints.json.lock",  # the index's lock (kept: see saver._exclusive_lock)
+        "checkpoints.json",
+        "state-000002.pt",
+    ]
     # a DCP state directory (what save_state writes for a sharded model) is pruned whole
     dcp = directory / "state-000003.pt"
     dcp.mkdir()

@@ -134,6 +134,8 @@ def test_bad_flag_is_one_line_naming_the_subcommand_and_its_usage(
     argv = [*words, "--no-such-flag", *["x.pt"] * positionals.get(words[-1], 0)]
     if words == ["run"]:
         argv = ["run", "--no-such-flag", "prog.py"]
+    if words == ["completion"]:
+        argv = ["completion", "--no-such-flag", "bash"]
     if words == ["ckpt", "fit"]:
         argv += ["--model", "m:f"]
     assert main(argv) == 2
