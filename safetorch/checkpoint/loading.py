@@ -31,7 +31,7 @@ import torch
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch._text import escape
-from safetorch.checkpoint import _provenance, _scan, _unpickler, formats, reader
+from safetorch.checkpoint import _bytes, _provenance, _scan, _unpickler, formats, reader
 from safetorch.checkpoint.verify import check_file
 from safetorch.errors import (
     CheckpointError,
@@ -701,7 +701,7 @@ def _load_if_trusted(
                 return _UNTRUSTED
             if _mmap_supported and formats.sniff(opened.fh) == "zip":
                 memory = torch.empty(opened.size, dtype=torch.uint8)
-                view = memoryview(memory.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers
+                view = _bytes.writable_view(memory)
                 try:
                     entry = _provenance.read_hashed_into(opened.fh, view)
                 except OSError as exc:

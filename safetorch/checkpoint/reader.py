@@ -48,6 +48,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 
 import torch
 
+from safetorch.checkpoint import _bytes
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
 
 __all__: List[str] = []  # private: used by safetorch.checkpoint's layouts, state and cli
@@ -154,7 +155,7 @@ class RegularFile:
             self.pread(n, offset)  # raises: the record lies outside the file
         with torch.no_grad():
             flat = dest.detach().reshape(-1).view(torch.uint8)
-        view = memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers (its stubs do not say so)
+        view = _bytes.writable_view(flat)  # no numpy: torch does not require it
         fd = self.fh.fileno()
         got = 0
         while got < n:

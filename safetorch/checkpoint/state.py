@@ -41,6 +41,7 @@ from torch import nn
 
 from safetorch import _atomic
 from safetorch.checkpoint import dcp, layouts
+from safetorch.checkpoint._bytes import tensor_bytes
 from safetorch.checkpoint.formats import STATE_FORMAT
 from safetorch.checkpoint.loading import load
 from safetorch.checkpoint.model_state import load_state_dict
@@ -237,8 +238,7 @@ def _as_bytes_tensor(obj: Any) -> torch.Tensor:
 
 
 def _from_bytes_tensor(t: torch.Tensor) -> Any:
-
-    return load(io.BytesIO(t.numpy().tobytes()))
+    return load(io.BytesIO(tensor_bytes(t)))
 
 
 # --- loading -----------------------------------------------------------------------------------
