@@ -53,8 +53,20 @@ from safetorch._atomic import atomic_write, atomic_write_dir
 from safetorch._cli import paint, say_error
 from safetorch._nest import iter_named_tensors, iter_tensors
 from safetorch._text import escape, escape_all
-from safetorch.checkpoint import _scan, _unpickler, dcp, formats, layouts, reader, torchfile
-from safetorch.checkpoint.formats import STATE_FORMAT
+from safetorch.checkpoint import (
+    _conversions,
+    _dcp,
+    _dcp_load,
+    _formats,
+    _layouts,
+    _reader,
+    _resolve,
+    _scan,
+    _torchfile,
+    _unpickler,
+)
+from safetorch.checkpoint._formats import STATE_FORMAT
+from safetorch.checkpoint._resolve import saver_checkpoint
 from safetorch.checkpoint.keys import (
     _leading_prefixes,
     _wrapper_segments_in,
@@ -65,7 +77,6 @@ from safetorch.checkpoint.keys import (
     match_keys,
     state_dict_keys,
 )
-from safetorch.checkpoint.layouts import saver_checkpoint
 from safetorch.checkpoint.loading import _torch_internals_quiet, load
 from safetorch.checkpoint.model_state import load_state_dict
 from safetorch.checkpoint.saving import _unwrapped
@@ -106,7 +117,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _format_of(path: str) -> str:
-    kind = formats.sniff(path)  # the one sniffer st.load uses
+    kind = _formats.sniff(path)  # the one sniffer st.load uses
     return kind if kind in ("safetensors", "zip") else "legacy"
 
 
@@ -257,7 +268,7 @@ def _meta_view(path: str) -> Any:
     needs ``st.load`` (legacy format, compressed records, other tensor kinds, allowed
     globals): ``inspect`` then costs the pickle, not the file's size."""
 
-    found = torchfile.TorchFile.open(path)
+    found = _torchfile.TorchFile.open(path)
     if found is None:
         return None
     found.close()
@@ -491,7 +502,7 @@ def _load_file(path: str, allow: Sequence[str], progress: Optional[_Progress]) -
     bytes read shown (the same load: st.load reads a file object as it reads a path)."""
     if progress is None or not progress.enabled:
         return load(path, allow=list(allow))
-    with reader.open_regular(path, "checkpoint") as f:
+    with _reader.open_regular(path, "checkpoint") as f:
         progress.start(f.size, "reading")
         obj = load(_CountingReader(f.fh, path, progress), allow=list(allow))
         progress.finish()
@@ -531,10 +542,10 @@ def read_source(
 
 def _read_source(src: str, allow: List[str], progress: _Progress) -> Any:
     src = _saver_source(src) or src
-    layout = layouts.resolve(src)
-    if isinstance(layout, layouts.FileLayout):
+    layout = _resolve.resolve(src)
+    if isinstance(layout, _layouts.FileLayout):
         return _load_file(layout.path, allow, progress)
-    dcp_dir = layout if isinstance(layout, layouts.DCPDirectory) else None
+    dcp_dir = layout if isinstance(layout, _dcp_load.DCPDirectory) else None
     # DCP: every flat entry, nested again by DCP's own paths; others: the meta view's keys.
     keys = list(dcp_dir.metadata.state_dict_metadata if dcp_dir else layout.meta_view())
     progress.start(sum(map(layout.nbytes, keys)), "reading")
@@ -544,7 +555,7 @@ def _read_source(src: str, allow: List[str], progress: _Progress) -> Any:
         progress.advance(sum(map(layout.nbytes, batch)))
     progress.finish()
     if dcp_dir:
-        return dcp.nest_flat_keys(out, dcp_dir.paths())
+        return _dcp.nest_flat_keys(out, dcp_dir.paths())
     return {k: out[k] for k in keys}
 
 
@@ -581,7 +592,7 @@ def _write_safetensors(
     header: Dict[str, Any] = {}
     offset = 0
     for key, t in tensors.items():
-        code = reader.safetensors_codes().get(t.dtype)
+        code = _reader.safetensors_codes().get(t.dtype)
         if code is None or t.layout != torch.strided:
             raise CheckpointError(
                 f"--to safetensors: {key!r} is a {t.dtype} tensor ({t.layout}), which a "
@@ -734,7 +745,7 @@ def _convert(
         def write_dcp(tmp: str) -> None:
             box[0] = tmp
             with _watching(progress, written):
-                layouts.dcp_save(obj, tmp)
+                _conversions.dcp_save(obj, tmp)
 
         atomic_write_dir(dst, write_dcp)
     elif fmt == "safetensors":
@@ -755,12 +766,12 @@ def _convert(
         summary["tensors"] = len(flat)
         progress.start(sum(map(_nbytes, flat.values())), "writing")
         if max_shard_size is not None:
-            limit = layouts.parse_size(max_shard_size)
+            limit = _conversions.parse_size(max_shard_size)
 
             def write_shards(tmp: str) -> None:
                 box[0] = tmp
                 with _watching(progress, written):
-                    summary.update(layouts.save_sharded_safetensors(flat, tmp, limit))
+                    summary.update(_conversions.save_sharded_safetensors(flat, tmp, limit))
 
             atomic_write_dir(dst, write_shards)
         else:
@@ -1271,8 +1282,8 @@ def fit_checkpoint(
         # The load is strict=False on purpose: what it left unloaded is the report itself.
         warnings.filterwarnings("ignore", message=r"load_state_dict\(strict=False\) left")
         path = _saver_source(path) or path
-        layout = layouts.resolve(path)
-        if not isinstance(layout, layouts.FileLayout):
+        layout = _resolve.resolve(path)
+        if not isinstance(layout, _layouts.FileLayout):
             return load_state_dict(shadow, path, **kwargs)  # matched on its meta view
         return load_state_dict(shadow, load(layout.path, allow=list(allow)), **kwargs)
 
@@ -1310,7 +1321,7 @@ def _readable_file(path: str, what: str = "checkpoint") -> None:
         mode = None
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         raise _BadInput(
-            f"{path!r} is {reader.file_kind(mode)}, not a regular file; a {what} is read only from a "
+            f"{path!r} is {_reader.file_kind(mode)}, not a regular file; a {what} is read only from a "
             "regular file (copy it to one first)"
         )
     if not os.path.exists(path):
@@ -1421,7 +1432,7 @@ def _readable_source(path: str) -> None:
         _readable_file(path)
     elif os.path.isdir(path) and saver_checkpoint(path) is None:
         try:
-            layouts.resolve(path)
+            _resolve.resolve(path)
         except CheckpointError as exc:
             raise _BadInput(f"{path!r} is a directory; {_one_line(exc)}") from None
 
@@ -1472,8 +1483,8 @@ def _describe_state_layout(path: str, info: Dict[str, Any]) -> None:
     """A DCP directory written from a ``save_state`` file (``ckpt convert state.pt d --to
     dcp``) keeps the file's structure: find its models in ``objects``, as for the file. The
     marker is read (a bytes entry, through the restricted unpickler) before it is trusted."""
-    layout = layouts.resolve(path)
-    if not isinstance(layout, layouts.DCPDirectory):
+    layout = _resolve.resolve(path)
+    if not isinstance(layout, _dcp_load.DCPDirectory):
         return
     view = layout.meta_view()
     if not (isinstance(view, Mapping) and isinstance(view.get("objects"), Mapping)):
@@ -1504,11 +1515,11 @@ def _inspect_directory(args: argparse.Namespace, allow: List[str]) -> Dict[str, 
         info = _describe_saver(args.path, *saver)
         picked = saver[0]
         if os.path.isdir(picked):  # a DCP state directory
-            info["checkpoint_layout"] = layouts.describe(picked)
+            info["checkpoint_layout"] = _resolve.describe(picked)
         else:
             info["checkpoint"] = inspect_checkpoint(picked, allow=allow, key=args.key)
         return info
-    info = layouts.describe(args.path)
+    info = _resolve.describe(args.path)
     if "state_dict_note" in info:
         _describe_state_layout(args.path, info)
     if info["layout"] == "file":  # a directory with one torch.save file: describe it too
@@ -1578,7 +1589,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         to=args.to,
         key=args.key,
         max_shard_size=args.max_shard_size,
-        max_bytes=None if args.max_bytes is None else layouts.parse_size(args.max_bytes),
+        max_bytes=None if args.max_bytes is None else _conversions.parse_size(args.max_bytes),
         allow=allow_list(args.allow),
     )
     if args.json:

@@ -44,7 +44,7 @@ import math
 import os
 import stat
 import warnings
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -206,6 +206,20 @@ def open_regular(path: Any, what: str, expect: Optional[Identity] = None) -> Reg
     0
     """
     return RegularFile(os.fsdecode(os.fspath(path)), what, expect)
+
+
+def open_all(openers: Mapping[str, Callable[[], RegularFile]]) -> Dict[str, RegularFile]:
+    """Every file of ``openers`` (name -> how to open it) opened, or none: a failure closes
+    the ones already open before it propagates."""
+    opened: Dict[str, RegularFile] = {}
+    try:
+        for name, opener in openers.items():
+            opened[name] = opener()
+    except BaseException:
+        for f in opened.values():
+            f.close()
+        raise
+    return opened
 
 
 def _within(path: str, root: str) -> bool:

@@ -76,7 +76,7 @@ def capture_rng() -> Dict[str, Any]:
     """This process's RNG states as plain data (ints, tuples, bytes): weights-only loading
     rebuilds it, and it travels between ranks without pickling any object.
 
-    >>> from safetorch.checkpoint.rng import capture_rng
+    >>> from safetorch.checkpoint._rng import capture_rng
     >>> {"python", "torch"} <= set(capture_rng())
     True
     """
@@ -211,7 +211,7 @@ def check_rng(state: Any, where: str = "RNG state") -> RNGState:
         CheckpointError: a part has the wrong type, size or range (the message names it, the
             value and the expected form).
 
-    >>> from safetorch.checkpoint.rng import capture_rng, check_rng
+    >>> from safetorch.checkpoint._rng import capture_rng, check_rng
     >>> check_rng(capture_rng()).torch is not None
     True
     >>> try:
