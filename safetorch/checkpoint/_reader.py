@@ -255,10 +255,19 @@ def open_regular(path: Any, what: str, expect: Optional[Identity] = None) -> Reg
     return RegularFile(os.fsdecode(os.fspath(path)), what, expect)
 
 
+# A layout keeps at most this many files open for its load (a process has 1,024 descriptors by
+# default); one of more files (20,000 shards) opens each where it reads it, checked to be the
+# file it checked (``expect``).
+MAX_KEPT_OPEN = 256
+
+
 def open_all(openers: Mapping[str, Callable[[], RegularFile]]) -> Dict[str, RegularFile]:
     """Every file of ``openers`` (name -> how to open it) opened, or none: a failure closes
-    the ones already open before it propagates."""
+    the ones already open before it propagates. More than :data:`MAX_KEPT_OPEN` files: none
+    is kept open (an empty dict), each is opened where it is read."""
     opened: Dict[str, RegularFile] = {}
+    if len(openers) > MAX_KEPT_OPEN:
+        return opened
     try:
         for name, opener in openers.items():
             opened[name] = opener()

@@ -50,11 +50,9 @@ def _dcp_save(state, path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
         if hasattr(dcp, "save"):
-            _dcp.save(state, checkpoint_id=str(path))
+            dcp.save(state, checkpoint_id=str(path))
         else:
-            _dcp.save_state_dict(
-                state, storage_writer=_dcp.FileSystemWriter(str(path)), no_dist=True
-            )
+            dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
 
 
 @needs_dcp
