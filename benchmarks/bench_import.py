@@ -15,7 +15,11 @@ Cases:
   torch-free checker);
 * ``import torch; import safetorch``: the second import's cost over torch's;
 * the first ``torch.load`` of a small checkpoint vs the first ``st.load`` of the same file,
-  imports included (``st.load`` imports torch itself).
+  imports included (``st.load`` imports torch itself);
+* the first ``st.load_state_dict`` of that file (a cold load: the checkpoint modules it
+  imports included) vs torch's ``load_state_dict(torch.load(mmap=True))``; the second table
+  lists the checkpoint modules the cold load imported (it must not import the saver, resume
+  state, RNG, DCP, verify or the CLI).
 
 Prints markdown tables and the safetorch modules each case imported. Usage::
 
@@ -75,6 +79,16 @@ _CASES: List[Tuple[str, str, str]] = [
         "torch.load first use, after import torch",
         "import torch",
         "torch.load({path!r}, map_location='cpu', weights_only=True)",
+    ),
+    (
+        "st.load_state_dict first use (one file), after import torch + safetorch",
+        "import torch, safetorch as st\nm = torch.nn.Linear(64, 64)",
+        "st.load_state_dict(m, {path!r})",
+    ),
+    (
+        "load_state_dict(torch.load(mmap=True)) first use, after import torch",
+        "import torch\nm = torch.nn.Linear(64, 64)",
+        "m.load_state_dict(torch.load({path!r}, map_location='cpu', weights_only=True, mmap=True))",
     ),
 ]
 
@@ -148,6 +162,22 @@ def main() -> None:
         f"First `st.load` call over the first `torch.load` call (both after their imports): "
         f"{first_st - first_torch:.1f} ms ({first_st:.1f} vs {first_torch:.1f} ms)."
     )
+
+    first_lsd = statistics.median(
+        m
+        for m, _ in times["st.load_state_dict first use (one file), after import torch + safetorch"]
+    )
+    first_mmap = statistics.median(
+        m for m, _ in times["load_state_dict(torch.load(mmap=True)) first use, after import torch"]
+    )
+    print(
+        f"First `st.load_state_dict` of one file over torch's mmap load + `load_state_dict` "
+        f"(imports included): {first_lsd - first_mmap:.1f} ms ({first_lsd:.1f} vs "
+        f"{first_mmap:.1f} ms)."
+    )
+    cold = last["st.load_state_dict first use (one file), after import torch + safetorch"]
+    stages = sorted(m.split(".", 2)[2] for m in cold["modules"] if m.count(".") == 2)
+    print(f"\nA cold `st.load_state_dict` of one file imports: {', '.join(stages)}.")
 
     print("\n| case | safetorch modules imported |")
     print("|---|---|")

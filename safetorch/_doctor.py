@@ -22,6 +22,16 @@ def _version_of(dist: str) -> str:
         return "not installed"
 
 
+def _numpy_version() -> str:
+    """numpy's version where ``import numpy`` works (torch has tried it already), else why
+    not: optional, torch does not require it and safetorch reads tensors without it."""
+    try:
+        import numpy
+    except ImportError:
+        return "not importable (optional: only checkpoints holding numpy arrays need it)"
+    return str(numpy.__version__)
+
+
 def _cuda_info() -> Dict[str, Any]:
     import torch
 
@@ -130,6 +140,7 @@ def collect() -> Dict[str, Any]:
             "packaging": _version_of("packaging"),
             "wrapt": _version_of("wrapt"),
             "safetensors": _version_of("safetensors"),
+            "numpy": _numpy_version(),
         },
         "platform": platform.platform(),
         "cuda": _cuda_info(),

@@ -24,11 +24,7 @@ from safetorch._atomic import atomic_write, atomic_write_dir
 from safetorch._cli import paint
 from safetorch._nest import iter_named_tensors, iter_tensors
 from safetorch._text import escape, escape_all
-from safetorch.checkpoint import (
-    _cli_source,
-    layouts,
-    reader,
-)
+from safetorch.checkpoint import _bytes, _cli_source, _conversions, _reader
 from safetorch.checkpoint._cli_progress import (
     _bytes_under,
     _CountingWriter,
@@ -93,7 +89,7 @@ def _write_safetensors(
     header: Dict[str, Any] = {}
     offset = 0
     for key, t in tensors.items():
-        code = reader.safetensors_codes().get(t.dtype)
+        code = _reader.safetensors_codes().get(t.dtype)
         if code is None or t.layout != torch.strided:
             raise CheckpointError(
                 f"--to safetensors: {key!r} is a {t.dtype} tensor ({t.layout}), which a "
@@ -108,7 +104,7 @@ def _write_safetensors(
     fh.write(len(text).to_bytes(8, "little"))
     fh.write(text)
     for t in tensors.values():
-        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
+        data = _bytes.writable_view(t.detach().cpu().contiguous())
         for start in range(0, len(data), _WRITE_CHUNK):
             piece = data[start : start + _WRITE_CHUNK]
             fh.write(piece)
@@ -253,7 +249,7 @@ def _convert(
         def write_dcp(tmp: str) -> None:
             box[0] = tmp
             with _watching(progress, written):
-                layouts.dcp_save(obj, tmp)
+                _conversions.dcp_save(obj, tmp)
 
         atomic_write_dir(dst, write_dcp)
     elif fmt == "safetensors":
@@ -274,12 +270,12 @@ def _convert(
         summary["tensors"] = len(flat)
         progress.start(sum(map(_nbytes, flat.values())), "writing")
         if max_shard_size is not None:
-            limit = layouts.parse_size(max_shard_size)
+            limit = _conversions.parse_size(max_shard_size)
 
             def write_shards(tmp: str) -> None:
                 box[0] = tmp
                 with _watching(progress, written):
-                    summary.update(layouts.save_sharded_safetensors(flat, tmp, limit))
+                    summary.update(_conversions.save_sharded_safetensors(flat, tmp, limit))
 
             atomic_write_dir(dst, write_shards)
         else:
@@ -382,7 +378,7 @@ def _size_option(option: str, value: Optional[str]) -> Optional[int]:
     if value is None:
         return None
     try:
-        return layouts.parse_size(value)
+        return _conversions.parse_size(value)
     except ValueError:
         raise _BadInput(
             f"{option} {value!r}: expected a positive size such as 5GB, 500MB, 2GiB or a number "

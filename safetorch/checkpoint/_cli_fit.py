@@ -20,7 +20,7 @@ import torch
 
 from safetorch._cli import paint
 from safetorch._text import escape
-from safetorch.checkpoint import layouts
+from safetorch.checkpoint import _layouts, _resolve
 from safetorch.checkpoint._cli_source import (
     _BadInput,
     _readable_source,
@@ -150,8 +150,8 @@ def fit_checkpoint(
         # The load is strict=False on purpose: what it left unloaded is the report itself.
         warnings.filterwarnings("ignore", message=r"load_state_dict\(strict=False\) left")
         path = _saver_source(path) or path
-        layout = layouts.resolve(path)
-        if not isinstance(layout, layouts.FileLayout):
+        layout = _resolve.resolve(path)
+        if not isinstance(layout, _layouts.FileLayout):
             return load_state_dict(shadow, path, **kwargs)  # matched on its meta view
         return load_state_dict(shadow, load(layout.path, allow=list(allow)), **kwargs)
 

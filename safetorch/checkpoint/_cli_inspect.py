@@ -23,13 +23,7 @@ import torch
 from safetorch._cli import paint
 from safetorch._nest import iter_tensors
 from safetorch._text import escape_all
-from safetorch.checkpoint import (
-    _cli_source,
-    _scan,
-    _unpickler,
-    layouts,
-    torchfile,
-)
+from safetorch.checkpoint import _cli_source, _dcp_load, _resolve, _scan, _torchfile, _unpickler
 from safetorch.checkpoint._cli_progress import _bytes_under, _human
 from safetorch.checkpoint._cli_source import (
     _as_state_dict,
@@ -47,7 +41,8 @@ from safetorch.checkpoint._cli_source import (
     read_source,
     state_parts,
 )
-from safetorch.checkpoint.formats import STATE_FORMAT
+from safetorch.checkpoint._formats import STATE_FORMAT
+from safetorch.checkpoint._resolve import saver_checkpoint
 from safetorch.checkpoint.keys import (
     _wrapper_segments_in,
     canonical_key,
@@ -56,7 +51,6 @@ from safetorch.checkpoint.keys import (
     known_prefixes,
     state_dict_keys,
 )
-from safetorch.checkpoint.layouts import saver_checkpoint
 from safetorch.checkpoint.loading import load
 from safetorch.errors import CheckpointError
 
@@ -156,7 +150,7 @@ def _meta_view(path: str) -> Any:
     needs ``st.load`` (legacy format, compressed records, other tensor kinds, allowed
     globals): ``inspect`` then costs the pickle, not the file's size."""
 
-    found = torchfile.TorchFile.open(path)
+    found = _torchfile.TorchFile.open(path)
     if found is None:
         return None
     found.close()
@@ -339,8 +333,8 @@ def _describe_state_layout(path: str, info: Dict[str, Any]) -> None:
     """A DCP directory written from a ``save_state`` file (``ckpt convert state.pt d --to
     dcp``) keeps the file's structure: find its models in ``objects``, as for the file. The
     marker is read (a bytes entry, through the restricted unpickler) before it is trusted."""
-    layout = layouts.resolve(path)
-    if not isinstance(layout, layouts.DCPDirectory):
+    layout = _resolve.resolve(path)
+    if not isinstance(layout, _dcp_load.DCPDirectory):
         return
     view = layout.meta_view()
     if not (isinstance(view, Mapping) and isinstance(view.get("objects"), Mapping)):
@@ -371,11 +365,11 @@ def _inspect_directory(args: argparse.Namespace, allow: List[str]) -> Dict[str, 
         info = _describe_saver(args.path, *saver)
         picked = saver[0]
         if os.path.isdir(picked):  # a DCP state directory
-            info["checkpoint_layout"] = layouts.describe(picked)
+            info["checkpoint_layout"] = _resolve.describe(picked)
         else:
             info["checkpoint"] = inspect_checkpoint(picked, allow=allow, key=args.key)
         return info
-    info = layouts.describe(args.path)
+    info = _resolve.describe(args.path)
     if "state_dict_note" in info:
         _describe_state_layout(args.path, info)
     if info["layout"] == "file":  # a directory with one torch.save file: describe it too

@@ -31,18 +31,18 @@ import torch
 from safetorch import _compat
 from safetorch._cli import say_error
 from safetorch._text import escape, escape_all
-from safetorch.checkpoint import dcp, formats, layouts, reader
+from safetorch.checkpoint import _dcp, _dcp_load, _formats, _layouts, _reader, _resolve
 from safetorch.checkpoint._cli_progress import (
     _bytes_under,
     _CountingReader,
     _make_progress,
     _Progress,
 )
-from safetorch.checkpoint.formats import STATE_FORMAT
+from safetorch.checkpoint._formats import STATE_FORMAT
+from safetorch.checkpoint._resolve import saver_checkpoint
 from safetorch.checkpoint.keys import (
     is_state_dict,
 )
-from safetorch.checkpoint.layouts import saver_checkpoint
 from safetorch.checkpoint.loading import load
 from safetorch.errors import CheckpointError, UnsafeCheckpointError
 
@@ -67,7 +67,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _format_of(path: str) -> str:
-    kind = formats.sniff(path)  # the one sniffer st.load uses
+    kind = _formats.sniff(path)  # the one sniffer st.load uses
     return kind if kind in ("safetensors", "zip") else "legacy"
 
 
@@ -133,7 +133,7 @@ def _load_file(path: str, allow: Sequence[str], progress: Optional[_Progress]) -
     bytes read shown (the same load: st.load reads a file object as it reads a path)."""
     if progress is None or not progress.enabled:
         return load(path, allow=list(allow))
-    with reader.open_regular(path, "checkpoint") as f:
+    with _reader.open_regular(path, "checkpoint") as f:
         progress.start(f.size, "reading")
         obj = load(_CountingReader(f.fh, path, progress), allow=list(allow))
         progress.finish()
@@ -178,10 +178,10 @@ def read_source(
 
 def _read_source(src: str, allow: List[str], progress: _Progress) -> Any:
     src = _saver_source(src) or src
-    layout = layouts.resolve(src)
-    if isinstance(layout, layouts.FileLayout):
+    layout = _resolve.resolve(src)
+    if isinstance(layout, _layouts.FileLayout):
         return _load_file(layout.path, allow, progress)
-    dcp_dir = layout if isinstance(layout, layouts.DCPDirectory) else None
+    dcp_dir = layout if isinstance(layout, _dcp_load.DCPDirectory) else None
     # DCP: every flat entry, nested again by DCP's own paths; others: the meta view's keys.
     keys = list(dcp_dir.metadata.state_dict_metadata if dcp_dir else layout.meta_view())
     progress.start(sum(map(layout.nbytes, keys)), "reading")
@@ -191,7 +191,7 @@ def _read_source(src: str, allow: List[str], progress: _Progress) -> Any:
         progress.advance(sum(map(layout.nbytes, batch)))
     progress.finish()
     if dcp_dir:
-        return dcp.nest_flat_keys(out, dcp_dir.paths())
+        return _dcp.nest_flat_keys(out, dcp_dir.paths())
     return {k: out[k] for k in keys}
 
 
@@ -234,7 +234,7 @@ def _readable_file(path: str, what: str = "checkpoint") -> None:
         mode = None
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         raise _BadInput(
-            f"{path!r} is {reader.file_kind(mode)}, not a regular file; a {what} is read only from a "
+            f"{path!r} is {_reader.file_kind(mode)}, not a regular file; a {what} is read only from a "
             "regular file (copy it to one first)"
         )
     if not os.path.exists(path):
@@ -345,7 +345,7 @@ def _readable_source(path: str) -> None:
         _readable_file(path)
     elif os.path.isdir(path) and saver_checkpoint(path) is None:
         try:
-            layouts.resolve(path)
+            _resolve.resolve(path)
         except CheckpointError as exc:
             raise _BadInput(f"{path!r} is a directory; {_one_line(exc)}") from None
 

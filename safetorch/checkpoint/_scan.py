@@ -14,7 +14,7 @@ import time
 import zipfile
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from safetorch.checkpoint import formats
+from safetorch.checkpoint import _formats
 from safetorch.checkpoint._unpickler import _LEN_PREFIXED, _NAMES, _normalize, _opname
 
 __all__: List[str] = []  # private module
@@ -257,7 +257,7 @@ def scan_file(
         stream = source
     try:
         start = stream.tell()
-        if formats.sniff(stream) == "zip":  # reads the head, restores the position
+        if _formats.sniff(stream) == "zip":  # reads the head, restores the position
             try:
                 with zipfile.ZipFile(seekable(stream)) as archive:
                     result = scan_archive(

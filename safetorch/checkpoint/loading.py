@@ -31,8 +31,7 @@ import torch
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch._text import escape
-from safetorch.checkpoint import _provenance, _scan, _unpickler, formats, reader
-from safetorch.checkpoint.verify import check_file
+from safetorch.checkpoint import _bytes, _formats, _reader, _scan, _unpickler
 from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
@@ -224,7 +223,7 @@ def _bind() -> None:
 
 
 # --- st.load ----------------------------------------------------------------------------------
-_is_path = formats.is_path
+_is_path = _formats.is_path
 
 
 def _display(f: Any) -> str:
@@ -388,7 +387,7 @@ def _shown_path(name: str) -> str:
 
 
 def _load_safetensors(f: Any, name: str, map_location: Any) -> Any:
-    st_torch = reader.safetensors_package().torch  # or the error saying how to install it
+    st_torch = _reader.safetensors_package().torch  # or the error saying how to install it
     device = str(map_location) if isinstance(map_location, (str, torch.device)) else "cpu"
     try:
         if _is_path(f):
@@ -522,6 +521,8 @@ def load(
     """
     if verify:
         _check_file_argument(f)
+        from safetorch.checkpoint.verify import check_file  # only when asked for
+
         check_file(f)  # a file object's position is restored
     if isinstance(map_location, str) and map_location == "available":
         map_location = MapToAvailable()
@@ -585,20 +586,43 @@ def _load(
             ) from None
         if size == 0:
             raise CheckpointError(f"cannot load checkpoint {name}: the file is empty")
-        start: Optional[int] = None
-    else:
-        start = src.tell()
-    head = formats.read_head(src)
-    kind = formats.sniff(src, head)
+    # A path is opened once, through the one reader: the sniff, the zip directory, the scan and
+    # torch's reader all read this file object (torch's reader is as fast on a file object as
+    # on a path: benchmarks/RESULTS.md); only a memory-mapped load maps the path as well.
+    how = (name, map_location, pickle_module, weights_only, mmap, mmap_for_copy, extra, encoding)
+    if _is_path(src):
+        with _reader.open_regular(src, "checkpoint") as opened:
+            return _load_file(opened.fh, os.fsdecode(os.fspath(src)), 0, *how)
+    return _load_file(src, None, src.tell(), *how)
+
+
+def _load_file(
+    src: Any,
+    path: Optional[str],
+    start: int,
+    name: str,
+    map_location: Any,
+    pickle_module: Any,
+    weights_only: Optional[bool],
+    mmap: Optional[bool],
+    mmap_for_copy: bool,
+    extra: Mapping[str, Any],
+    encoding: str,
+) -> Any:
+    """The rest of :func:`_load`: ``src`` is an open binary file at ``start``; ``path`` its
+    path where the caller gave one (what a memory map maps, and trust by provenance hashes)."""
+    safe = weights_only is not False
+    head = _formats.read_head(src)
+    kind = _formats.sniff(src, head)
     if kind == "empty":
         raise CheckpointError(f"cannot load checkpoint {name}: the file is empty")
     if kind == "safetensors":
-        return _load_safetensors(src, name, map_location)
+        return _load_safetensors(src if path is None else path, name, map_location)
     is_zip = kind == "zip"
     facts = _zip_facts(src, scan=safe) if is_zip else None
     want_mmap = bool(mmap) or (mmap_for_copy and mmap is not False)
     use_mmap = bool(
-        want_mmap and _mmap_supported and facts and facts.storages_stored and _is_path(src)
+        want_mmap and _mmap_supported and facts and facts.storages_stored and path is not None
     )
     if mmap and not use_mmap:
         if facts is not None and facts.problem is None and not facts.storages_stored:
@@ -612,8 +636,8 @@ def _load(
             logger.info(
                 "mmap not possible for %s (legacy format, file object or torch < 2.1)", name
             )
-    if use_mmap:
-        src = os.fspath(src)  # torch 2.1-2.5's mmap path accepts only str (isinstance(f, str))
+    # torch 2.1-2.5's mmap path accepts only a str path (isinstance(f, str))
+    load_src = path if use_mmap else src
 
     if not safe:
         warnings.warn(
@@ -623,7 +647,7 @@ def _load(
             stacklevel=user_stacklevel(),
         )
         return _wrap_failures(
-            name, lambda: _load_full(src, map_location, pickle_module, use_mmap, encoding)
+            name, lambda: _load_full(load_src, map_location, pickle_module, use_mmap, encoding)
         )
 
     if facts is not None and facts.problem is not None:
@@ -641,11 +665,16 @@ def _load(
                 f"with {head[:8]!r})"
             )
     scan = facts.scan if facts is not None and facts.scan is not None else _scan.scan_file(src)
-    if start is not None:
-        src.seek(start)
+    src.seek(start)
     unsafe = _unpickler.unsafe_globals(scan.globals, extra)
     if (unsafe or scan.refused is not None) and weights_only is None:
-        loaded = _load_if_trusted(src, start, name, map_location, encoding)
+        loaded = _load_if_trusted(
+            src if path is None else path,
+            start if path is None else None,
+            name,
+            map_location,
+            encoding,
+        )
         if loaded is not _UNTRUSTED:
             return loaded
     if unsafe:
@@ -674,11 +703,11 @@ def _load(
     records = facts.records if facts is not None else None
     if defer:
         return _wrap_failures(
-            name, lambda: _load_torch_weights_only(src, map_location, use_mmap, records)
+            name, lambda: _load_torch_weights_only(load_src, map_location, use_mmap, records)
         )
     return _wrap_failures(
         name,
-        lambda: _load_restricted(src, map_location, use_mmap, extra, encoding, records),
+        lambda: _load_restricted(load_src, map_location, use_mmap, extra, encoding, records),
     )
 
 
@@ -695,13 +724,15 @@ def _load_if_trusted(
     as torch's own ``mmap=True`` load makes them of a mapped file), so a file changed after the
     check is never what loads. A size no trusted file has costs one ``stat`` and reads nothing.
     """
+    from safetorch.checkpoint import _provenance  # only for a file a weights-only load refuses
+
     if _is_path(src):
-        with reader.open_regular(src, "checkpoint") as opened:
+        with _reader.open_regular(src, "checkpoint") as opened:
             if not _provenance.may_hold(opened.size):
                 return _UNTRUSTED
-            if _mmap_supported and formats.sniff(opened.fh) == "zip":
+            if _mmap_supported and _formats.sniff(opened.fh) == "zip":
                 memory = torch.empty(opened.size, dtype=torch.uint8)
-                view = memoryview(memory.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers
+                view = _bytes.writable_view(memory)
                 try:
                     entry = _provenance.read_hashed_into(opened.fh, view)
                 except OSError as exc:
@@ -734,6 +765,8 @@ def _load_if_trusted(
 
 
 def _trusted_load(name: str, how: str, run: Callable[[], Any]) -> Any:
+    from safetorch.checkpoint import _provenance
+
     logger.info("loading %s fully: its hash is in %s", name, how)
     _provenance.note("loaded", how)
     return _wrap_failures(name, run)
@@ -845,5 +878,5 @@ def load_for_copy(source: Any) -> Any:
     """
     if not _is_path(source):
         return load_checked(source)
-    with reader.open_regular(source, "checkpoint") as f:
+    with _reader.open_regular(source, "checkpoint") as f:
         return load_checked(f.fh, repr(f.path))

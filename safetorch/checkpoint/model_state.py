@@ -1,9 +1,11 @@
 """st.load_state_dict: a checkpoint of any layout into any model, wrapped or not, with a report.
 
-The load is a pipeline, one module per stage: resolve the path (:func:`layouts.resolve`), read
-its meta view (every layout's, one file's included), find the state dict and
-match keys (:mod:`keys`), then apply (:class:`apply.Destination`, which calls torch's own
-``Module.load_state_dict``, captured at import so that monkeypatch mode can route it here).
+The load is a pipeline (docs/design.md draws it), each stage once and in order: resolve the path
+(:func:`._resolve.resolve`), open the layout's files (:meth:`._layouts.Layout.open`), read and
+check its meta view (:meth:`~._layouts.Layout.meta_view`), find the state dict and match keys
+(:mod:`.keys`, :mod:`._legacy_keys`), apply (:class:`._apply.Destination`, which calls torch's
+own ``Module.load_state_dict``, captured at import so that monkeypatch mode can route it here),
+report (:class:`.report.LoadReport`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import (
     Callable,
     Dict,
     Iterable,
+    List,
     Mapping,
     Optional,
     Tuple,
@@ -27,17 +30,15 @@ from torch import nn
 
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
-from safetorch.checkpoint import layouts
-from safetorch.checkpoint.apply import Destination, _module_load_state_dict
-from safetorch.checkpoint.formats import STATE_FORMAT
+from safetorch.checkpoint import _layouts, _resolve
+from safetorch.checkpoint._apply import Destination, _module_load_state_dict
+from safetorch.checkpoint._formats import STATE_FORMAT
+from safetorch.checkpoint._legacy_keys import legacy_keys, legacy_optional_targets, settle_legacy
 from safetorch.checkpoint.keys import (
     N_AVERAGED,
     _remap_state_dict,
     canonical_key,
     find_state_dict,
-    legacy_keys,
-    legacy_optional_targets,
-    settle_legacy,
     state_dict_keys,
     tensor_shape,
 )
@@ -123,7 +124,7 @@ def load_state_dict(
     ``num_batches_tracked``, ``weight_norm``'s ``weight_g``/``weight_v``, ...) are dropped,
     renamed or defaulted by the module's ``_metadata`` version and structure, and reported
     (``report.dropped``, ``report.defaulted``, ``report.legacy``); see
-    :func:`safetorch.checkpoint.keys.legacy_keys`.
+    :func:`safetorch.checkpoint._legacy_keys.legacy_keys`.
 
     Multi-file checkpoints load the same way, matched on their shapes before any tensor is
     read, then read lazily (only matched tensors; one shard at a time): a
@@ -184,24 +185,24 @@ def load_state_dict(
             "st.load_state_dict: source must be a path, a file object or a state dict, got a "
             f"{type(source).__name__} module; pass source.state_dict() to copy a module's weights"
         )
-    # resolve -> a layout (one file, a directory, a shard index, a DCP checkpoint); match on its
-    # meta view (shapes and dtypes, no data), then read only the matched tensors (layouts.py).
+    # The pipeline (docs/design.md), each stage once and in order: resolve -> a layout (one
+    # file, a directory, a shard index, a DCP checkpoint); open its files; read and check its
+    # meta view (shapes and dtypes, no data); match keys; apply the matched tensors (read from
+    # the open files); report.
     if not _is_path(source):
         obj = source if isinstance(source, Mapping) else load_for_copy(source)
         return _load_state_dict(model, obj, key, strict, assign, prefix, None, None)
-    layout = layouts.resolve(source)
-    plain_file = isinstance(layout, layouts.FileLayout) and not layout.picked
+    layout = _resolve.resolve(source)
+    plain_file = isinstance(layout, _layouts.FileLayout) and not layout.picked
     picked = None if plain_file else f"{layout.description} ({layout.kind})"
     logger.info("loading %s (%s)", layout.description, layout.kind)
-    if isinstance(layout, layouts.FileLayout):
-        layout.open(assign)
+    layout.open(assign)
     try:
         return _load_state_dict(
             model, layout.meta_view(), key, strict, assign, prefix, layout, picked
         )
     finally:
-        if isinstance(layout, layouts.FileLayout):
-            layout.close()
+        layout.close()
 
 
 def _load_state_dict(
@@ -211,7 +212,7 @@ def _load_state_dict(
     strict: bool,
     assign: Optional[bool],
     prefix: Optional[str],
-    layout: Optional[layouts.Layout],
+    layout: Optional[_layouts.Layout],
     picked: Optional[str],
 ) -> LoadReport:
     base = ""
@@ -247,7 +248,7 @@ def _load_state_dict(
             + (f" (and {more} more)" if more > 0 else "")
         )
 
-    mismatched = []
+    mismatched: List[Tuple[str, Any, Any]] = []
     to_load: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
     source_of = {t: s for s, t in match.mapping.items()}
     for tgt_key in target_keys:  # model order, so the report reads like the model
@@ -261,11 +262,11 @@ def _load_state_dict(
     meta = getattr(remapped, "_metadata", None)
     if meta is not None:
         to_load._metadata = meta  # type: ignore[attr-defined]  # state dicts carry torch's _metadata attribute (an OrderedDict subclass attr)
-    report = LoadReport(
+    fields: Dict[str, Any] = dict(  # the report's, built once the load is done (or refused)
         loaded=list(to_load),
         missing=list(match.unmatched_target),
         unexpected=list(match.unmatched_source),
-        mismatched=mismatched,  # type: ignore[arg-type]  # LoadReport declares the list type; the shape tuples are its documented form
+        mismatched=mismatched,
         rule=rule,
         source_key=source_key,
         n_averaged=n_averaged,
@@ -277,7 +278,8 @@ def _load_state_dict(
         defaulted=legacy.defaulted,
         legacy=legacy.notes,
     )
-    if strict and not report.ok:
+    if strict and (fields["missing"] or fields["unexpected"] or mismatched):
+        report = LoadReport(**fields)  # the report stage, straight after matching: refused
         report.refused = True
         raise _mismatch_error(
             model, report, "nothing was loaded; pass strict=False to load the matching keys"
@@ -287,6 +289,7 @@ def _load_state_dict(
     else:
         kwargs = {} if assign is None else {"assign": assign}
         result = _module_load_state_dict(model, to_load, strict=False, **kwargs)
+    report = LoadReport(**fields)
     # torch is the final word: a load hook may have consumed or rejected keys.
     kept = set(target) - set(target_keys)  # AveragedModel's counter, kept on purpose
     skipped = {k for k, _, _ in mismatched}
@@ -343,7 +346,7 @@ def _warn_unloaded_parameters(model: nn.Module, report: LoadReport) -> None:
 
 def _load_from_layout(
     model: nn.Module,
-    layout: layouts.Layout,
+    layout: _layouts.Layout,
     to_load: Mapping[str, Any],
     source_of: Mapping[str, str],
     full: str,

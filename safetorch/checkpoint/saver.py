@@ -2,7 +2,7 @@
 
 It builds on both savers below it: :func:`safetorch.checkpoint.saving.save_checkpoint` for a
 state (``CheckpointSaver.save``) and :func:`safetorch.checkpoint.state.save_state` for exact
-resume (``CheckpointSaver.save_state`` / ``resume``). ``layouts.saver_checkpoint`` tells the
+resume (``CheckpointSaver.save_state`` / ``resume``). ``_resolve.saver_checkpoint`` tells the
 checkpoint a saver directory holds (``safetorch ckpt`` commands accept such a directory).
 """
 
@@ -22,8 +22,8 @@ import torch
 
 from safetorch._atomic import atomic_write
 from safetorch._types import SaverMode, unquoted
-from safetorch.checkpoint import reader
-from safetorch.checkpoint.layouts import _STATE_FILE, _state_names, latest_complete
+from safetorch.checkpoint import _reader
+from safetorch.checkpoint._resolve import _STATE_FILE, _state_names, latest_complete
 from safetorch.checkpoint.loading import PathLike
 from safetorch.checkpoint.saving import _link_or_copy, _save_local, on_rank0
 from safetorch.checkpoint.state import load_state, save_state
@@ -124,12 +124,12 @@ class CheckpointSaver:
         names (``state-<epoch>.pt``). Anything else is one ``CheckpointError`` naming the index
         and how to start afresh."""
         os.makedirs(self.directory, exist_ok=True)
-        root = reader.Root(self.directory)
+        root = _reader.Root(self.directory)
         name = os.path.relpath(self.index_path, self.directory)
         real = ""
         try:
             real = root.resolve(name, "CheckpointSaver index")
-            with reader.RegularFile(real, "CheckpointSaver index") as f:
+            with _reader.RegularFile(real, "CheckpointSaver index") as f:
                 data = f.read_all(MAX_INDEX_BYTES)
             index = json.loads(data.decode("utf-8"))
         except CheckpointFileNotFoundError:
@@ -341,7 +341,7 @@ class CheckpointSaver:
         def find() -> Tuple[Optional[str], bool]:
             path = latest_complete(self.directory, _state_names(self.directory))
             if path is not None:  # a state-<epoch>.pt symlink out of the directory: refused
-                path = reader.Root(self.directory).resolve(os.path.basename(path), "checkpoint")
+                path = _reader.Root(self.directory).resolve(os.path.basename(path), "checkpoint")
             return path, path is None and self._holds() == "save"
 
         path, by_save = on_rank0(find)
@@ -405,7 +405,7 @@ def _exclusive_lock(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _index_problem(index: Any, root: reader.Root) -> Optional[str]:
+def _index_problem(index: Any, root: _reader.Root) -> Optional[str]:
     """What makes ``index`` not an index this saver wrote (``None`` when it is one)."""
     if not isinstance(index, dict):
         return f"it holds a JSON {type(index).__name__}, not an object"

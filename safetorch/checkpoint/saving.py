@@ -34,7 +34,7 @@ from torch import nn
 
 from safetorch import _dist
 from safetorch._atomic import atomic_write
-from safetorch.checkpoint import _provenance, _scan, _unpickler, formats, reader
+from safetorch.checkpoint import _formats, _provenance, _reader, _scan, _unpickler
 from safetorch.checkpoint.keys import is_state_dict, strip_wrapper_prefixes, unwrap_model
 from safetorch.checkpoint.loading import PathLike, _first_line, _torch_internals_quiet
 from safetorch.checkpoint.verify import zip_layout_problem
@@ -169,7 +169,7 @@ def save(
             _torch_save(obj, f, pickle_module, pickle_protocol, **kwargs)
         return
     legacy = not kwargs.get("_use_new_zipfile_serialization", True)
-    if formats.is_path(f) and not legacy:
+    if _formats.is_path(f) and not legacy:
         # torch's own path writer first: a state dict is written exactly as torch.save writes
         # it. A pickle that needs trust stops before any of it is written, and the file is
         # written again below through the hashing writer.
@@ -179,7 +179,7 @@ def save(
             return
         except _NeedsTrust:
             pass
-    if formats.is_path(f):
+    if _formats.is_path(f):
         with open(f, "wb") as fh:
             entry = _save_through(obj, fh, pickle_protocol, legacy, kwargs)
     else:
@@ -251,10 +251,10 @@ def inspect_for_trust(path: PathLike) -> Inspected:
             zip archive.
     """
     shown = os.fspath(path)
-    with reader.open_regular(path, "checkpoint") as opened:
+    with _reader.open_regular(path, "checkpoint") as opened:
         data, entry = _provenance.read_hashed(opened.fh)
     buffer = io.BytesIO(data)
-    kind = formats.sniff(buffer, formats.read_head(buffer))
+    kind = _formats.sniff(buffer, _formats.read_head(buffer))
     if kind == "safetensors":
         return Inspected(entry, (), 0, None)
     if kind == "zip":
@@ -333,7 +333,7 @@ def trust_for_run(paths: Iterable[PathLike]) -> None:
     """
     tokens = [t for t in os.environ.get(_provenance.RUN_ENV, "").split(",") if t]
     for path in paths:
-        with reader.open_regular(path, "checkpoint") as opened:
+        with _reader.open_regular(path, "checkpoint") as opened:
             tokens.append(_provenance.hash_file(opened.fh).token())
     os.environ[_provenance.RUN_ENV] = ",".join(dict.fromkeys(tokens))
 
@@ -351,7 +351,7 @@ def untrust(path: PathLike) -> bool:
     >>> st.untrust(path), st.untrust(path)
     (True, False)
     """
-    with reader.open_regular(path, "checkpoint") as opened:
+    with _reader.open_regular(path, "checkpoint") as opened:
         entry = _provenance.hash_file(opened.fh)
     return _provenance.forget(entry)
 

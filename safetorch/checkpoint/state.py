@@ -22,7 +22,7 @@ Loading is weights-only in both layouts: the file through :func:`safetorch.load`
 (DCP's default planner would ``torch.load`` them with ``weights_only=False``).
 
 What a file holds is untrusted: its structure and every rank's RNG state are validated (type,
-size, range; :mod:`safetorch.checkpoint.rng`) before anything is applied, and the objects and
+size, range; :mod:`safetorch.checkpoint._rng`) before anything is applied, and the objects and
 the RNG are then restored all or nothing (each object is snapshotted before it is loaded and
 put back if a later step fails). Every failure is a ``CheckpointError`` naming the path.
 """
@@ -40,14 +40,15 @@ import torch
 from torch import nn
 
 from safetorch import _atomic
-from safetorch.checkpoint import dcp, layouts
-from safetorch.checkpoint.formats import STATE_FORMAT
+from safetorch.checkpoint import _conversions, _dcp, _dcp_load
+from safetorch.checkpoint._bytes import tensor_bytes
+from safetorch.checkpoint._formats import STATE_FORMAT
+
+# capture_rng / restore_rng live in safetorch.checkpoint._rng and stay importable from here.
+from safetorch.checkpoint._rng import RNGState, apply_rng, capture_rng, check_rng_table
+from safetorch.checkpoint._rng import restore_rng as restore_rng
 from safetorch.checkpoint.loading import load
 from safetorch.checkpoint.model_state import load_state_dict
-
-# capture_rng / restore_rng live in safetorch.checkpoint.rng and stay importable from here.
-from safetorch.checkpoint.rng import RNGState, apply_rng, capture_rng, check_rng_table
-from safetorch.checkpoint.rng import restore_rng as restore_rng
 from safetorch.checkpoint.saving import _unwrapped, save_checkpoint
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError, CheckpointMismatchError
 
@@ -222,7 +223,7 @@ def _save_dcp(
     # Every rank writes its shards into one temp directory (rank 0 names it), then rank 0
     # swaps it in: safetorch._atomic's directory replacement, as save_dcp on one process.
     tmp = plain.broadcast_from_rank0(_atomic.temp_sibling(path))
-    layouts.dcp_save(state, tmp)
+    _conversions.dcp_save(state, tmp)
     _barrier()  # every rank's shards are written and DCP's .metadata is last
     if _rank() == 0:
         _atomic.replace_dir(tmp, path)
@@ -237,8 +238,7 @@ def _as_bytes_tensor(obj: Any) -> torch.Tensor:
 
 
 def _from_bytes_tensor(t: torch.Tensor) -> Any:
-
-    return load(io.BytesIO(t.numpy().tobytes()))
+    return load(io.BytesIO(tensor_bytes(t)))
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def load_state(path: Any, /, **objects: Any) -> Dict[str, Any]:
     """
     _check_names(objects)
     p = os.fsdecode(os.fspath(path))
-    if os.path.isdir(p) and os.path.exists(os.path.join(p, dcp.DCP_METADATA)):
+    if os.path.isdir(p) and os.path.exists(os.path.join(p, _dcp.DCP_METADATA)):
         return _load_dcp(p, objects)
     if not os.path.exists(p):
         raise CheckpointFileNotFoundError(f"state checkpoint {p!r} does not exist")
@@ -361,7 +361,7 @@ Step = Tuple[str, Any, Callable[[], Any]]
 class _Undo:
     """All-or-nothing application of loaded state: each object is snapshotted before it is
     touched; on a failure every snapshot taken is restored (newest first) and the RNG is not
-    applied; the RNG goes last, all its parts at once (:func:`~safetorch.checkpoint.rng.apply_rng`).
+    applied; the RNG goes last, all its parts at once (:func:`~safetorch.checkpoint._rng.apply_rng`).
 
     ``models`` (the DCP layout) snapshots models and optimizers through DCP's
     ``get_*_state_dict``/``set_*_state_dict``, as DCP loads them.
@@ -461,7 +461,7 @@ def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
         set_optimizer_state_dict,
     )
 
-    metadata = dcp.read_dcp_metadata(path)
+    metadata = _dcp.read_dcp_metadata(path)
     entries = getattr(metadata, "state_dict_metadata", None)
     if not isinstance(entries, Mapping):
         raise CheckpointError(f"{path!r}: the DCP metadata holds no state_dict_metadata mapping")
@@ -502,7 +502,7 @@ def _load_dcp(path: str, objects: Mapping[str, Any]) -> Dict[str, Any]:
                 state[name] = get_model_state_dict(obj)
             elif kind == "optimizer":
                 state[name] = get_optimizer_state_dict(_model_of(obj, models), obj)
-        layouts.dcp_load(state, path, planner=layouts.safe_planner())
+        _dcp_load.dcp_load(state, path, planner=_dcp_load.safe_planner())
         blob = _decode(path, "__safetorch__", state["__safetorch__"])
         if not isinstance(blob, Mapping) or blob.get("format") != STATE_FORMAT:
             raise CheckpointError(

@@ -33,7 +33,7 @@ import zipfile
 import zlib
 from typing import IO, Any, Dict, Iterator, List, Optional, Tuple, cast
 
-from safetorch.checkpoint import dcp, formats, reader
+from safetorch.checkpoint import _dcp, _formats, _reader
 from safetorch.errors import CheckpointError, CheckpointFileObjectError
 
 __all__ = ["VerifyReport", "verify_file", "verify_checkpoint", "check_file", "zip_layout_problem"]
@@ -160,8 +160,8 @@ def verify_file(f: Any) -> VerifyReport:
     >>> verify_file(io.BytesIO(bytes(data))).problems  # doctest: +ELLIPSIS
     ["record '.../data/0' fails its CRC-32 check: the file is corrupt"]
     """
-    if formats.is_path(f):
-        with reader.open_regular(f, "checkpoint") as rf:
+    if _formats.is_path(f):
+        with _reader.open_regular(f, "checkpoint") as rf:
             return _verify_open(rf.fh, rf.path, rf.size, rf, by_name=True)
     if not callable(getattr(f, "read", None)):
         raise TypeError(
@@ -203,8 +203,8 @@ def check_file(f: Any) -> None:
 
 def _verify_open(fh: IO[bytes], path: str, size: int, span: Any, by_name: bool) -> VerifyReport:
     fh.seek(0)
-    head = fh.read(formats.HEAD_BYTES)
-    kind = formats.sniff(path if by_name and path.endswith(".safetensors") else io.BytesIO(head))
+    head = fh.read(_formats.HEAD_BYTES)
+    kind = _formats.sniff(path if by_name and path.endswith(".safetensors") else io.BytesIO(head))
     report = VerifyReport(path, kind if kind in ("zip", "safetensors") else "legacy")
     if kind == "empty":
         report.format = "unknown"
@@ -485,7 +485,7 @@ def _check_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Optional[s
 
 def _verify_safetensors(span: Any, report: VerifyReport) -> None:
     try:
-        header = reader.read_safetensors_header(cast(reader.RegularFile, span))
+        header = _reader.read_safetensors_header(cast(_reader.RegularFile, span))
     except CheckpointError as exc:
         text = str(exc)
         prefix = f"{span.path!r} is not a valid safetensors file: "
@@ -510,7 +510,7 @@ def _weights_files(directory: str) -> Tuple[List[str], List[str]]:
 
 
 def _index_files(path: str) -> List[str]:
-    index = reader.read_json(path, "shard index", "an object with a 'weight_map'")
+    index = _reader.read_json(path, "shard index", "an object with a 'weight_map'")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(
@@ -526,7 +526,7 @@ def _verify_dcp_metadata(directory: str, report: VerifyReport) -> None:
     it. The ``.distcp`` bytes themselves carry no checksum."""
     report.format = "dcp"
     try:
-        dcp.dcp_metadata(directory)
+        _dcp.dcp_metadata(directory)
     except CheckpointError as exc:
         report.problems.append(f".metadata: {' '.join(str(exc).split())}")
         return
@@ -564,7 +564,7 @@ def verify_checkpoint(path: Any) -> VerifyReport:
     if not os.path.isdir(text) and not text.endswith(".index.json"):
         return verify_file(text)
     if os.path.isdir(text):
-        root = reader.Root(text)
+        root = _reader.Root(text)
         names, others = _weights_files(text)
         report = VerifyReport(text, "directory")
         if ".metadata" in others:
@@ -574,7 +574,7 @@ def verify_checkpoint(path: Any) -> VerifyReport:
                 "no weights file (" + ", ".join("*" + s for s in WEIGHT_SUFFIXES) + ") in it"
             )
     else:
-        root = reader.Root(os.path.dirname(os.path.abspath(text)))
+        root = _reader.Root(os.path.dirname(os.path.abspath(text)))
         names = _index_files(text)
         report = VerifyReport(text, "index")
     for name in names:

@@ -42,7 +42,7 @@ _model_state = importlib.import_module("safetorch.checkpoint.model_state")
 _report = importlib.import_module("safetorch.checkpoint.report")
 _SIGNATURE = inspect.signature(nn.Module.load_state_dict)
 # Leaf names of model keys that torch's own loader fills in for older checkpoints
-# (safetorch.checkpoint.keys.legacy_keys, action "default"): a load that lacks only such keys
+# (safetorch.checkpoint._legacy_keys.legacy_keys, action "default"): a load that lacks only such keys
 # goes through st.load_state_dict, which reports them as defaulted.
 _DEFAULTED_LEAVES = frozenset({"num_batches_tracked", "eps"})
 

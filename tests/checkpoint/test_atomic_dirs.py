@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from safetorch import _atomic, _compat
-from safetorch.checkpoint import layouts
+from safetorch.checkpoint import _conversions
 from safetorch.patching import hook
 
 
@@ -91,9 +91,9 @@ def test_save_dcp_replaces_a_previous_directory(tmp_path) -> None:
     # The two directory swaps (save_dcp, save_state's DCP path) agreed on nothing but the
     # rename; both now replace an existing checkpoint, as every file writer does.
     target = str(tmp_path / "dcp")
-    layouts.save_dcp({"w": torch.zeros(2)}, target)
-    layouts.save_dcp({"w": torch.ones(2)}, target)
-    assert torch.equal(layouts.dcp_to_object(target)["w"], torch.ones(2))
+    _conversions.save_dcp({"w": torch.zeros(2)}, target)
+    _conversions.save_dcp({"w": torch.ones(2)}, target)
+    assert torch.equal(_conversions.dcp_to_object(target)["w"], torch.ones(2))
     assert os.listdir(tmp_path) == ["dcp"]
 
 

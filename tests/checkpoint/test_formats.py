@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import safetorch as st
-from safetorch.checkpoint import formats
+from safetorch.checkpoint import _formats
 from safetorch.checkpoint._cli_source import _format_of
 
 
@@ -47,20 +47,20 @@ def _safetensors(tmp_path):
 )
 def test_sniff_path_and_file_object_agree(tmp_path, make, kind):
     path = make(tmp_path)
-    assert formats.sniff(path) == kind == formats.sniff(str(path))
+    assert _formats.sniff(path) == kind == _formats.sniff(str(path))
     with open(path, "rb") as fh:
         fh.seek(0)
-        assert formats.sniff(fh) == kind
+        assert _formats.sniff(fh) == kind
         assert fh.tell() == 0  # the position is restored
     # ckpt inspect names the same format (tar reads as legacy there, as before)
     assert _format_of(str(path)) == (kind if kind != "tar" else "legacy")
 
 
 def test_sniff_edge_cases():
-    assert formats.sniff(io.BytesIO(b"")) == "empty"
-    assert formats.sniff("x.safetensors") == "safetensors"  # decided by the name
+    assert _formats.sniff(io.BytesIO(b"")) == "empty"
+    assert _formats.sniff("x.safetensors") == "safetensors"  # decided by the name
     # a '{' at byte 8 with an absurd header length is not safetensors
-    assert formats.sniff(io.BytesIO((10**12).to_bytes(8, "little") + b"{")) == "legacy"
+    assert _formats.sniff(io.BytesIO((10**12).to_bytes(8, "little") + b"{")) == "legacy"
 
 
 def test_st_load_follows_the_sniffer(tmp_path):

@@ -12,7 +12,7 @@ import torch
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.checkpoint import dcp, layouts
+from safetorch.checkpoint import _dcp, _layouts, _resolve
 
 needs_dcp = pytest.mark.skipif(
     not _compat.HAS_DCP, reason="torch.distributed.checkpoint is public from torch 2.0"
@@ -169,8 +169,8 @@ def test_strict_mismatch_on_a_layout_touches_nothing(tmp_path):
 
 def test_nest_flat_keys():
     t = torch.zeros(1)
-    assert dcp.nest_flat_keys({"a.b": t, "c": t}) == {"a.b": t, "c": t}
-    assert dcp.nest_flat_keys({"model.0.w": t, "epoch": "<bytes>"}) == {
+    assert _dcp.nest_flat_keys({"a.b": t, "c": t}) == {"a.b": t, "c": t}
+    assert _dcp.nest_flat_keys({"model.0.w": t, "epoch": "<bytes>"}) == {
         "model": {"0.w": t},
         "epoch": "<bytes>",
     }
@@ -313,14 +313,14 @@ def test_one_file_is_a_layout_like_the_others(tmp_path, assign):
     """resolve() of one torch.save file gives a FileLayout with the whole Layout interface:
     a meta view (no tensor data unless assign= keeps the values), reads by dotted key, batches
     and load_into through the apply stage."""
-    from safetorch.checkpoint.apply import Destination
+    from safetorch.checkpoint._apply import Destination
 
     path = tmp_path / "ckpt.pt"
     torch.save(
         {"state_dict": {k: v.clone() for k, v in SRC.state_dict().items()}, "epoch": 3}, path
     )
-    layout = layouts.resolve(path)
-    assert isinstance(layout, layouts.FileLayout) and not layout.picked
+    layout = _resolve.resolve(path)
+    assert isinstance(layout, _layouts.FileLayout) and not layout.picked
     layout.open(assign)
     try:
         view = layout.meta_view()
@@ -358,8 +358,8 @@ def test_a_checkpointsaver_directory_resolves_to_the_checkpoint_it_stands_for(tm
             saver.save(net.state_dict(), epoch=epoch, metric=float(epoch))
         else:
             saver.save_state(epoch=epoch, metric=float(epoch), model=net)
-    layout = layouts.resolve(tmp_path / "run")
-    assert isinstance(layout, layouts.FileLayout) and layout.picked
+    layout = _resolve.resolve(tmp_path / "run")
+    assert isinstance(layout, _layouts.FileLayout) and layout.picked
     model = _net(1)
     report = st.load_state_dict(model, tmp_path / "run")
     assert report.ok, report

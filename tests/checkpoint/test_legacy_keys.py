@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import safetorch as st
-from safetorch.checkpoint.keys import legacy_keys
+from safetorch.checkpoint._legacy_keys import legacy_keys
 from safetorch.checkpoint.report import PatchedLoadReport
 from safetorch.patching import registry, report
 

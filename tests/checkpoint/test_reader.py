@@ -1,4 +1,4 @@
-"""The one reader under every layout (safetorch/checkpoint/reader.py), side by side with torch.
+"""The one reader under every layout (safetorch/checkpoint/_reader.py), side by side with torch.
 
 Each hostile directory is built here from real saves and edited metadata; where torch's own call
 is what safetorch replaces (DCP's default planner), the same directory goes through it too.
@@ -19,7 +19,7 @@ from torch import nn
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.checkpoint import layouts, reader
+from safetorch.checkpoint import _conversions, _dcp_load, _reader, _resolve
 
 needs_dcp = pytest.mark.skipif(not _compat.HAS_DCP, reason="DCP needs torch >= 2.0")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWa
 def _dcp_save(obj, path):
     import torch.distributed.checkpoint as dcp
 
-    with layouts._single_process_quiet():
+    with _dcp_load._single_process_quiet():
         if hasattr(dcp, "save"):
             dcp.save(obj, checkpoint_id=str(path))
         else:
@@ -88,7 +88,7 @@ def test_root_resolves_only_inside(tmp_path):
     outside.write_bytes(b"secret")
     os.symlink(outside, tmp_path / "link.bin")
     os.symlink(tmp_path / "a.bin", tmp_path / "inner.bin")
-    root = reader.Root(tmp_path)
+    root = _reader.Root(tmp_path)
     assert root.resolve("a.bin", "shard") == os.path.realpath(tmp_path / "a.bin")
     assert root.resolve("inner.bin", "shard") == os.path.realpath(tmp_path / "a.bin")
     for name, why in [
@@ -110,7 +110,7 @@ def test_hf_cache_snapshot_links_into_blobs_are_followed(tmp_path):
     (repo / "snapshots" / "abc").mkdir(parents=True)
     (repo / "blobs" / "1234").write_bytes(b"{}")
     os.symlink("../../blobs/1234", repo / "snapshots" / "abc" / "config.json")
-    root = reader.Root(repo / "snapshots" / "abc")
+    root = _reader.Root(repo / "snapshots" / "abc")
     assert root.read("config.json", "config", limit=10) == b"{}"
 
 
@@ -118,27 +118,27 @@ def test_hf_cache_snapshot_links_into_blobs_are_followed(tmp_path):
 def test_fifo_and_directory_are_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(st.CheckpointError, match="FIFO"):
-        reader.open_regular(tmp_path / "pipe", "checkpoint")
+        _reader.open_regular(tmp_path / "pipe", "checkpoint")
     with pytest.raises(st.CheckpointError, match="a directory"):
-        reader.open_regular(tmp_path, "checkpoint")
+        _reader.open_regular(tmp_path, "checkpoint")
     with pytest.raises(FileNotFoundError):
-        reader.open_regular(tmp_path / "missing", "checkpoint")
+        _reader.open_regular(tmp_path / "missing", "checkpoint")
 
 
 def test_a_file_changed_after_its_check_is_refused(tmp_path):
     path = tmp_path / "shard.bin"
     path.write_bytes(b"abc")
-    with reader.open_regular(path, "shard") as f:
+    with _reader.open_regular(path, "shard") as f:
         ident = f.identity
     path.write_bytes(b"abcdef")
     with pytest.raises(st.CheckpointError, match="changed while"):
-        reader.open_regular(path, "shard", expect=ident)
+        _reader.open_regular(path, "shard", expect=ident)
 
 
 def test_pread_refuses_records_outside_and_truncation(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"0123456789")
-    with reader.open_regular(path, "record file") as f:
+    with _reader.open_regular(path, "record file") as f:
         assert f.pread(3, 2) == b"234"
         with pytest.raises(st.CheckpointError, match="outside the file"):
             f.pread(5, 8)
@@ -232,7 +232,7 @@ def test_index_of_many_shards_is_linear(tmp_path):
         save_file({f"b{i}": torch.full((1,), float(i))}, str(tmp_path / name))
         weight_map[f"b{i}"] = name
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    layout = layouts.resolve(tmp_path)
+    layout = _resolve.resolve(tmp_path)
     view = layout.meta_view()
     assert len(view) == n and len(layout._keys_of) == n
     assert layout.read(["b7"])["b7"].item() == 7.0
@@ -313,14 +313,14 @@ def test_dcp_bytes_entry_for_a_tensor_extra_state_never_runs(tmp_path, container
         st.load_state_dict(_TensorExtraState(), tmp_path / "ckpt")
     assert not marker.exists()
     with pytest.raises(st.CheckpointError):  # the whole-directory read (ckpt convert/inspect)
-        layouts.dcp_to_object(str(tmp_path / "ckpt"))
+        _conversions.dcp_to_object(str(tmp_path / "ckpt"))
     assert not marker.exists()
     # Side by side: DCP's own default planner unpickles the entry with weights_only=False.
     import torch.distributed.checkpoint as dcp
 
     if not container and hasattr(dcp, "load"):
         target = {"_extra_state": None}
-        with layouts._single_process_quiet():
+        with _dcp_load._single_process_quiet():
             try:
                 dcp.load(target, checkpoint_id=str(tmp_path / "ckpt"))
             except BaseException:  # noqa: BLE001 - DCP may fail after running the payload
@@ -415,7 +415,7 @@ def test_dcp_planner_data_must_match_dcp_flattening(tmp_path):
 
     _edit_metadata(tmp_path / "ckpt", edit)
     with pytest.raises(st.CheckpointError, match="planner_data"):
-        layouts.dcp_to_object(str(tmp_path / "ckpt"))
+        _conversions.dcp_to_object(str(tmp_path / "ckpt"))
 
 
 @needs_dcp
@@ -467,7 +467,7 @@ def test_direct_reads_bump_the_version_counter_as_copy_does(tmp_path, layout: st
         if not _compat.HAS_DCP:
             pytest.skip("DCP needs torch >= 2.0")
         path = tmp_path / "dcp"
-        layouts.save_dcp(state, str(path))
+        _conversions.save_dcp(state, str(path))
     else:
         safetensors_torch = pytest.importorskip("safetensors.torch")
         if layout == "safetensors":
@@ -501,7 +501,7 @@ def test_dcp_reads_in_place_only_where_no_load_hook_could_see_the_values(tmp_pat
     """DCP records are copied straight into plain targets; a model with a load hook gets them
     through Module.load_state_dict, so the hook sees (and may change) every value."""
     state = {k: torch.randn_like(v) for k, v in nn.Linear(8, 8).state_dict().items()}
-    layouts.save_dcp(state, str(tmp_path / "dcp"))
+    _conversions.save_dcp(state, str(tmp_path / "dcp"))
     plain = nn.Linear(8, 8)
     st.load_state_dict(plain, tmp_path / "dcp")
     assert torch.equal(plain.weight.detach(), state["weight"])
@@ -527,7 +527,7 @@ def test_dcp_lists_come_back_as_lists_and_their_indices_are_bounded(tmp_path):
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.25)
     _dcp_save({"optim": opt.state_dict(), "epoch": 3}, tmp_path / "ckpt")
-    obj = layouts.dcp_to_object(str(tmp_path / "ckpt"))
+    obj = _conversions.dcp_to_object(str(tmp_path / "ckpt"))
     groups = obj["optim"]["param_groups"]
     assert isinstance(groups, list) and groups[0]["lr"] == 0.25 and obj["epoch"] == 3
     assert groups[0]["params"] == opt.state_dict()["param_groups"][0]["params"]
@@ -551,31 +551,31 @@ def test_dcp_lists_come_back_as_lists_and_their_indices_are_bounded(tmp_path):
 
     _edit_metadata(tmp_path / "ckpt", edit)
     with pytest.raises(st.CheckpointError, match="list index"):
-        layouts.dcp_to_object(str(tmp_path / "ckpt"))
+        _conversions.dcp_to_object(str(tmp_path / "ckpt"))
 
 
 def test_safetensors_header_is_read_from_the_open_file_not_the_path(tmp_path):
     """The safetensors package opens files by name; safetorch gives it the descriptor the one
     reader opened and checked, so a path swapped in between names another file in vain."""
     safetensors = pytest.importorskip("safetensors.torch")
-    from safetorch.checkpoint import reader
+    from safetorch.checkpoint import _reader
 
     path = tmp_path / "model.safetensors"
     safetensors.save_file({"checked": torch.ones(2)}, str(path))
     other = tmp_path / "other.safetensors"
     safetensors.save_file({"swapped": torch.zeros(3), "extra": torch.zeros(1)}, str(other))
-    with reader.open_regular(path, "safetensors file") as f:
+    with _reader.open_regular(path, "safetensors file") as f:
         os.replace(other, path)  # the path now names another file
-        header = reader.read_safetensors_header(f)
+        header = _reader.read_safetensors_header(f)
         assert list(header.entries) == ["checked"]
         assert torch.equal(header.read(f, ["checked"])["checked"], torch.ones(2))
 
 
 def test_safetensors_dtype_names_are_the_packages_own():
     safetensors = pytest.importorskip("safetensors.torch")
-    from safetorch.checkpoint import reader
+    from safetorch.checkpoint import _reader
 
-    codes = reader.safetensors_codes()
+    codes = _reader.safetensors_codes()
     assert codes[torch.float32] == "F32" and codes[torch.bfloat16] == "BF16"
     for dtype, code in codes.items():  # each name round-trips through the package itself
         data = safetensors.save({"x": torch.empty(0, dtype=dtype)})

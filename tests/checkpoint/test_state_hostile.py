@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import safetorch as st
-from safetorch.checkpoint import rng as rng_mod
+from safetorch.checkpoint import _rng as rng_mod
 from safetorch.checkpoint import state as state_mod
 
 try:

@@ -27,6 +27,8 @@ ZIP_MAGIC = b"PK\x03\x04"
 HEAD_BYTES = 512  # a tar header is 512 bytes; its "ustar" magic sits at offset 257
 # The marker of a st.save_state payload (its "__safetorch__" entry), read by every loader.
 STATE_FORMAT = "safetorch.state/1"
+# The file that makes a directory a torch.distributed.checkpoint (DCP) checkpoint.
+DCP_METADATA = ".metadata"
 
 
 def is_path(f: Any) -> bool:

@@ -44,10 +44,11 @@ import math
 import os
 import stat
 import warnings
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from safetorch.checkpoint import _bytes
 from safetorch.errors import CheckpointError, CheckpointFileNotFoundError
 
 __all__: List[str] = []  # private: used by safetorch.checkpoint's layouts, state and cli
@@ -154,9 +155,14 @@ class RegularFile:
             self.pread(n, offset)  # raises: the record lies outside the file
         with torch.no_grad():
             flat = dest.detach().reshape(-1).view(torch.uint8)
-        view = memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers (its stubs do not say so)
+        view = _bytes.writable_view(flat)  # no numpy: torch does not require it
         fd = self.fh.fileno()
         got = 0
+        workers = torch.get_num_threads()
+        if n >= PARALLEL_BYTES and workers > 1 and hasattr(os, "preadv"):
+            got = _parallel_preadv(fd, view, offset, workers)
+            if got < n:
+                self._truncated(offset, got, n)
         while got < n:
             if hasattr(os, "preadv"):
                 k = os.preadv(fd, [view[got:]], offset + got)
@@ -165,14 +171,17 @@ class RegularFile:
                 view[got : got + len(data)] = data
                 k = len(data)
             if k <= 0:
-                raise CheckpointError(
-                    f"{self.what} {self.path!r} was truncated while it was being read "
-                    f"({offset + got} of the {offset + n} bytes needed are there); the model "
-                    "may hold part of it: load it again"
-                )
+                self._truncated(offset, got, n)
             got += k
         with torch.no_grad():  # an in-place op on an empty view: the version bump, no work
             dest.view(-1)[:0].zero_()
+
+    def _truncated(self, offset: int, got: int, n: int) -> None:
+        raise CheckpointError(
+            f"{self.what} {self.path!r} was truncated while it was being read "
+            f"({offset + got} of the {offset + n} bytes needed are there); the model "
+            "may hold part of it: load it again"
+        )
 
     def read_all(self, limit: int) -> bytes:
         """The whole file, refusing one larger than ``limit`` bytes."""
@@ -196,6 +205,45 @@ class RegularFile:
         self.close()
 
 
+# A large read is split over torch's intra-op threads, as torch's own copy_ out of a mapped file
+# is: most of its time is the kernel faulting in fresh destination pages, which one thread does
+# at about 2/3 of the speed of two (benchmarks/RESULTS.md). Below this size one preadv is as fast.
+PARALLEL_BYTES = 64 << 20
+PARALLEL_CHUNK = 16 << 20
+_pool: Any = None
+_pool_key: Tuple[int, int] = (0, 0)  # (pid, workers): a forked child has none of the threads
+
+
+def _preadv_all(fd: int, view: memoryview, offset: int) -> int:
+    """Read into ``view`` from ``offset`` until it is full or the file ends; the bytes read."""
+    got = 0
+    while got < len(view):
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k <= 0:
+            break
+        got += k
+    return got
+
+
+def _parallel_preadv(fd: int, view: memoryview, offset: int, workers: int) -> int:
+    """``view`` filled from ``offset`` in chunks on ``workers`` threads (preadv releases the
+    GIL); the bytes read before the first chunk the file ended in."""
+    global _pool, _pool_key
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _pool is None or _pool_key != (os.getpid(), workers):
+        _pool = ThreadPoolExecutor(workers, thread_name_prefix="safetorch-read")
+        _pool_key = (os.getpid(), workers)
+    starts = range(0, len(view), PARALLEL_CHUNK)
+    counts = list(
+        _pool.map(lambda s: _preadv_all(fd, view[s : s + PARALLEL_CHUNK], offset + s), starts)
+    )
+    for start, count in zip(starts, counts):
+        if count < min(PARALLEL_CHUNK, len(view) - start):
+            return start + count
+    return len(view)
+
+
 def open_regular(path: Any, what: str, expect: Optional[Identity] = None) -> RegularFile:
     """Open ``path`` (the user's own path: symlinks followed) as a regular file, never blocking.
 
@@ -205,6 +253,29 @@ def open_regular(path: Any, what: str, expect: Optional[Identity] = None) -> Reg
     0
     """
     return RegularFile(os.fsdecode(os.fspath(path)), what, expect)
+
+
+# A layout keeps at most this many files open for its load (a process has 1,024 descriptors by
+# default); one of more files (20,000 shards) opens each where it reads it, checked to be the
+# file it checked (``expect``).
+MAX_KEPT_OPEN = 256
+
+
+def open_all(openers: Mapping[str, Callable[[], RegularFile]]) -> Dict[str, RegularFile]:
+    """Every file of ``openers`` (name -> how to open it) opened, or none: a failure closes
+    the ones already open before it propagates. More than :data:`MAX_KEPT_OPEN` files: none
+    is kept open (an empty dict), each is opened where it is read."""
+    opened: Dict[str, RegularFile] = {}
+    if len(openers) > MAX_KEPT_OPEN:
+        return opened
+    try:
+        for name, opener in openers.items():
+            opened[name] = opener()
+    except BaseException:
+        for f in opened.values():
+            f.close()
+        raise
+    return opened
 
 
 def _within(path: str, root: str) -> bool:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from safetorch.checkpoint import _scan, _unpickler, reader
+from safetorch.checkpoint import _reader, _scan, _unpickler
 from safetorch.errors import CheckpointError
 
 __all__: List[str] = []  # private: used by safetorch.checkpoint.model_state
@@ -74,7 +74,7 @@ class TorchFile:
 
     kind = "file"
 
-    def __init__(self, f: reader.RegularFile, view: Any, where: Dict[int, _Where]) -> None:
+    def __init__(self, f: _reader.RegularFile, view: Any, where: Dict[int, _Where]) -> None:
         self.file = f
         self.path = f.path
         self.view = view
@@ -82,16 +82,26 @@ class TorchFile:
 
     @classmethod
     def open(cls, path: Any) -> Optional["TorchFile"]:
-        f = reader.open_regular(path, "checkpoint")
+        """:meth:`read` of ``path``, opened through the one reader (closed when ``None``)."""
+        f = _reader.open_regular(path, "checkpoint")
+        try:
+            tfile = cls.read(f)
+        except BaseException:
+            f.close()
+            raise
+        if tfile is None:
+            f.close()
+        return tfile
+
+    @classmethod
+    def read(cls, f: _reader.RegularFile) -> Optional["TorchFile"]:
+        """The meta pass over the open file ``f`` (which stays the caller's to close), or
+        ``None`` where the file is for ``st.load``'s path."""
         try:
             view, where = _meta_pass(f)
         except _Fallback as why:
             logger.debug("%s: read through st.load (%s)", f.path, why)
-            f.close()
             return None
-        except BaseException:
-            f.close()
-            raise
         return cls(f, view, where)
 
     def close(self) -> None:
@@ -173,7 +183,7 @@ def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _record_offsets(f: reader.RegularFile) -> Tuple[str, Dict[str, Tuple[int, int]]]:
+def _record_offsets(f: _reader.RegularFile) -> Tuple[str, Dict[str, Tuple[int, int]]]:
     """The record prefix and, for each storage record, (data offset, bytes), checked."""
     try:
         archive = zipfile.ZipFile(f.fh)
@@ -203,7 +213,7 @@ def _record_offsets(f: reader.RegularFile) -> Tuple[str, Dict[str, Tuple[int, in
     return prefix, records
 
 
-def _meta_pass(f: reader.RegularFile) -> Tuple[Any, Dict[int, _Where]]:
+def _meta_pass(f: _reader.RegularFile) -> Tuple[Any, Dict[int, _Where]]:
     if f.pread(min(4, f.size), 0) != b"PK\x03\x04":
         raise _Fallback("not a zip file")
     prefix, records = _record_offsets(f)

@@ -7,7 +7,7 @@ its ``.distcp`` file, every tensor's chunks covering it, ``planner_data`` matchi
 flattening. :func:`nest_flat_keys` turns DCP's flat keys back into the nested object saved.
 
 This module reads no tensor data: loading (the safe DCP reader and planners) is
-:mod:`safetorch.checkpoint.layouts`, which builds on it, as ``safetorch ckpt verify`` does.
+:mod:`safetorch.checkpoint._dcp_load`, which builds on it, as ``safetorch ckpt verify`` does.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
-from safetorch.checkpoint import _unpickler, reader
+from safetorch.checkpoint import _reader, _unpickler
+from safetorch.checkpoint._formats import DCP_METADATA as DCP_METADATA
 from safetorch.errors import CheckpointError, UnsafeCheckpointError
 
 __all__: List[str] = []  # private module: the DCP stage of safetorch.checkpoint
-
-DCP_METADATA = ".metadata"
 
 
 def _meta(shape: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -142,7 +141,7 @@ class DCPMetadata:
 
     __slots__ = ("directory", "metadata", "files")
 
-    def __init__(self, directory: str, metadata: Any, files: Dict[str, reader.Identity]) -> None:
+    def __init__(self, directory: str, metadata: Any, files: Dict[str, _reader.Identity]) -> None:
         self.directory = directory
         self.metadata = metadata
         self.files = files
@@ -157,8 +156,8 @@ def read_dcp_metadata(directory: str) -> Any:
 
 def dcp_metadata(directory: str) -> DCPMetadata:
     """Read, unpickle (restricted) and check a DCP directory's ``.metadata`` once."""
-    root = reader.Root(directory)
-    raw = root.read(DCP_METADATA, "DCP metadata", limit=reader.MAX_METADATA_BYTES)
+    root = _reader.Root(directory)
+    raw = root.read(DCP_METADATA, "DCP metadata", limit=_reader.MAX_METADATA_BYTES)
     path = os.path.join(root.path, DCP_METADATA)
     allowed = {}
     for name in _DCP_METADATA_GLOBALS:
@@ -195,7 +194,7 @@ def _ints(value: Any, n: Optional[int] = None) -> bool:
     return all(type(v) is int and v >= 0 for v in items) and (n is None or len(items) == n)
 
 
-def check_dcp_metadata(metadata: Any, root: reader.Root, path: str) -> Dict[str, reader.Identity]:
+def check_dcp_metadata(metadata: Any, root: _reader.Root, path: str) -> Dict[str, _reader.Identity]:
     """Check everything DCP would trust in ``.metadata``: types, every record's file (inside
     the directory, a regular file, the record within it), every tensor's chunks (in bounds,
     not overlapping, covering the tensor), and a record for every chunk and bytes entry.
@@ -214,7 +213,7 @@ def check_dcp_metadata(metadata: Any, root: reader.Root, path: str) -> Dict[str,
     storage = getattr(metadata, "storage_data", None)
     if not isinstance(entries, dict) or not isinstance(storage, dict):
         raise _bad_dcp(path, "state_dict_metadata or storage_data is not a dict")
-    files: Dict[str, reader.Identity] = {}
+    files: Dict[str, _reader.Identity] = {}
     sizes: Dict[str, int] = {}
     for index, info in storage.items():
         if not isinstance(index, MetadataIndex):

@@ -83,7 +83,7 @@ class Destination:
     place for it.
 
     >>> import torch
-    >>> from safetorch.checkpoint.apply import Destination
+    >>> from safetorch.checkpoint._apply import Destination
     >>> net = torch.nn.Linear(2, 1)
     >>> dest = Destination(net, ["weight", "bias"])
     >>> sorted(dest.direct), dest.in_place

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
+from safetorch.checkpoint._bytes import tensor_bytes
 from safetorch.errors import CheckpointError
 
 __all__ = ["capture_rng", "check_rng", "check_rng_table", "restore_rng", "RNGState"]
@@ -41,10 +42,6 @@ def torch_state_bytes() -> int:
     if _torch_state_bytes is None:
         _torch_state_bytes = int(torch.get_rng_state().numel())
     return _torch_state_bytes
-
-
-def _bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.cpu().numpy().tobytes())
 
 
 def _byte_tensor(data: bytes) -> torch.Tensor:
@@ -79,17 +76,20 @@ def capture_rng() -> Dict[str, Any]:
     """This process's RNG states as plain data (ints, tuples, bytes): weights-only loading
     rebuilds it, and it travels between ranks without pickling any object.
 
-    >>> from safetorch.checkpoint.rng import capture_rng
+    >>> from safetorch.checkpoint._rng import capture_rng
     >>> {"python", "torch"} <= set(capture_rng())
     True
     """
-    state: Dict[str, Any] = {"python": random.getstate(), "torch": _bytes(torch.get_rng_state())}
+    state: Dict[str, Any] = {
+        "python": random.getstate(),
+        "torch": tensor_bytes(torch.get_rng_state()),
+    }
     np = sys.modules.get("numpy")
     if np is not None:
         name, keys, pos, has_gauss, cached = np.random.get_state()
         state["numpy"] = (name, keys.astype("<u4").tobytes(), pos, has_gauss, float(cached))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_bytes(s) for s in torch.cuda.get_rng_state_all()]
+        state["cuda"] = [tensor_bytes(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
@@ -211,7 +211,7 @@ def check_rng(state: Any, where: str = "RNG state") -> RNGState:
         CheckpointError: a part has the wrong type, size or range (the message names it, the
             value and the expected form).
 
-    >>> from safetorch.checkpoint.rng import capture_rng, check_rng
+    >>> from safetorch.checkpoint._rng import capture_rng, check_rng
     >>> check_rng(capture_rng()).torch is not None
     True
     >>> try:
@@ -276,7 +276,7 @@ def apply_rng(state: RNGState, where: str = "RNG state") -> None:
     get back what they held before, and a CheckpointError is raised."""
     before = capture_rng()
     if state.cuda is not None and "cuda" not in before:  # CUDA not initialized yet
-        before["cuda"] = [_bytes(s) for s in torch.cuda.get_rng_state_all()]
+        before["cuda"] = [tensor_bytes(s) for s in torch.cuda.get_rng_state_all()]
     previous = RNGState(
         python=before["python"],
         numpy=before.get("numpy"),
