@@ -142,6 +142,7 @@ class ZeroDim:
         self._functions: Optional[Dict[str, List[ast.FunctionDef]]] = None
         self._calls: Optional[Dict[str, List[ast.Call]]] = None
         self._dicts: Optional[Tuple[Set[str], Set[str]]] = None
+        self._class_defs: Optional[List[ast.ClassDef]] = None
 
     # -- where names come from ---------------------------------------------------------------
     def _bindings(self, scope: ast.AST) -> Dict[str, List[_Binding]]:
@@ -214,12 +215,7 @@ class ZeroDim:
         name = fn.args.args[index].arg
         results = []
         for call in calls:
-            arg: Optional[ast.AST] = None
-            if index < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args):
-                arg = call.args[index]
-            kw = find_keyword(call, name)
-            if kw is not None:
-                arg = kw.value
+            arg = self._argument(call, index, name)
             if arg is None:
                 return None
             results.append(self.decide(arg, start_of(call), self.scope_of(call), depth))
@@ -265,23 +261,100 @@ class ZeroDim:
             return result
         return None
 
-    def _is_loss_module(self, func: ast.AST, at: Pos, scope: ast.AST) -> Optional[bool]:
-        """``criterion(...)`` where ``criterion = nn.CrossEntropyLoss()``."""
+    def _is_loss_module(
+        self, func: ast.AST, at: Pos, scope: ast.AST, depth: int = 0
+    ) -> Optional[bool]:
+        """``criterion(...)`` where ``criterion = nn.CrossEntropyLoss()`` (also a loss class of
+        the file whose ``forward`` returns 0-dim values, and a ``criterion`` parameter every
+        call site of its function passes such a loss to)."""
         value: Optional[ast.AST] = None
         attr = self_attr(func)
         if attr is not None:
             value = self._self_attr_value(attr)
         elif isinstance(func, ast.Name):
+            index = self._param_index(scope, func.id)
+            if index is not None and func.id not in self._bindings(scope):
+                assert isinstance(scope, ast.FunctionDef)  # _param_index is None for the rest
+                return self._loss_from_callers(scope, index, depth)
             for where in (scope, self.ctx.tree):
                 bindings = [b for b in self._bindings(where).get(func.id, []) if not b[2]]
                 if bindings:
                     value = bindings[-1][1]
                     break
-        if isinstance(value, ast.Call):
-            qual = self.ctx.qualname(value.func) or ""
-            if qual.startswith(NN) and qual.endswith("Loss"):
-                return _reduces_to_scalar(value)
-        return None
+        return None if value is None else self._loss_value(value, depth)
+
+    def _loss_value(self, value: ast.AST, depth: int) -> Optional[bool]:
+        """Whether calling ``value`` gives a 0-dim loss: an ``nn.*Loss()`` without
+        ``reduction="none"``, ``F.mse_loss`` and the other functional losses (passed as a
+        function), a class of the file whose ``forward`` returns 0-dim values."""
+        if depth > 8:
+            return None
+        qual = self.ctx.qualname(value) or ""
+        if qual.startswith(FUNCTIONAL):
+            return True if qual[len(FUNCTIONAL) :] in _FUNCTIONAL_LOSSES else None
+        if not isinstance(value, ast.Call):
+            return None
+        qual = self.ctx.qualname(value.func) or ""
+        if qual.startswith(NN) and qual.endswith("Loss"):
+            return _reduces_to_scalar(value)
+        if qual or not isinstance(value.func, ast.Name):
+            return None
+        classes = [c for c in self._classes() if c.name == value.func.id]
+        forwards = [
+            f
+            for c in classes
+            for f in c.body
+            if isinstance(f, ast.FunctionDef) and f.name == "forward"
+        ]
+        if len(classes) != 1 or len(forwards) != 1:
+            return None
+        rets = [r.value for r in _own_returns(forwards[0])]
+        if not rets or any(r is None for r in rets):
+            return None
+        return _all_true(
+            [self.decide(r, start_of(r), forwards[0], depth + 1) for r in rets if r is not None]
+        )
+
+    def _classes(self) -> List[ast.ClassDef]:
+        if self._class_defs is None:
+            self._class_defs = [
+                n for n in self.ctx.walk(self.ctx.tree) if isinstance(n, ast.ClassDef)
+            ]
+        return self._class_defs
+
+    def _loss_from_callers(self, fn: ast.FunctionDef, index: int, depth: int) -> Optional[bool]:
+        """A ``criterion`` parameter called in ``fn``: decided from what every call site of
+        ``fn`` in the file passes (``train(model, nn.MSELoss())``, ``train(..., criterion)``)."""
+        calls = self._call_sites(fn.name)
+        if not calls or len(self.functions(fn.name)) != 1 or depth > 8:
+            return None
+        name = fn.args.args[index].arg
+        results: List[Optional[bool]] = []
+        for call in calls:
+            arg = self._argument(call, index, name)
+            if arg is None:
+                return None
+            if isinstance(arg, ast.Name):
+                caller = self.scope_of(call)
+                outer = self._param_index(caller, arg.id)
+                if outer is not None and arg.id not in self._bindings(caller):
+                    assert isinstance(caller, ast.FunctionDef)
+                    results.append(self._loss_from_callers(caller, outer, depth + 1))
+                    continue
+                found = self.binding(arg.id, start_of(call), caller)
+                results.append(None if found is None else self._loss_value(found[0], depth + 1))
+            else:
+                results.append(self._loss_value(arg, depth + 1))
+        return _all_true(results)
+
+    @staticmethod
+    def _argument(call: ast.Call, index: int, name: str) -> Optional[ast.AST]:
+        """What ``call`` passes for parameter ``index`` called ``name``, or None."""
+        arg: Optional[ast.AST] = None
+        if index < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args):
+            arg = call.args[index]
+        kw = find_keyword(call, name)
+        return arg if kw is None else kw.value
 
     # -- numbers -----------------------------------------------------------------------------
     def is_number(self, expr: ast.AST, at: Pos, scope: ast.AST, depth: int = 0) -> bool:
@@ -411,6 +484,30 @@ class ZeroDim:
                 return base if is_const(keep.value, True) else None
             return base - 1 if base >= 1 else None
         return None
+
+    def same_shape_since_0_1(self, expr: ast.AST, at: Pos, scope: ast.AST) -> bool:
+        """Whether integer indexing ``expr`` reaches a tensor whose shape no torch release
+        changed: one of ``x.topk(k)`` / ``x.sort()`` (they keep every dimension), where
+        ``x.max(1)`` and the other reductions with a dim kept it before torch 0.2."""
+        while isinstance(expr, ast.Subscript):
+            index = expr.slice
+            if int_constant(index) is None and not self.is_number(index, at, scope):
+                return False
+            expr = expr.value
+            if isinstance(expr, ast.Attribute) and expr.attr == "data":
+                expr = expr.value
+        if isinstance(expr, ast.Name):
+            found = self.binding(expr.id, at, scope)
+            if found is None:
+                return False
+            expr = found[0]
+        call = expr.value if isinstance(expr, _Unpacked) else expr
+        return (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("topk", "sort")
+            and not self.ctx.qualname(call.func)
+        )
 
     def is_tensor(self, expr: ast.AST, at: Pos, scope: ast.AST, depth: int = 0) -> bool:
         """Whether ``expr`` is evidently a tensor (``x.data``, tensor methods on one, torch
@@ -583,7 +680,7 @@ class ZeroDim:
                 return True
             if attr in _ELEMENTWISE and self_attr(func) is None:
                 return self.decide(func.value, at, scope, depth)
-        loss = self._is_loss_module(func, at, scope)
+        loss = self._is_loss_module(func, at, scope, depth)
         if loss is None and isinstance(func, ast.Name) and not qual:
             if self.binding(func.id, at, scope) is None:
                 return self._returns(func.id, depth)
@@ -598,6 +695,10 @@ def _literal_depth(node: ast.AST) -> Optional[int]:
             return depth + 1
         node = node.elts[0]
         depth += 1
+    if depth == 0:
+        # torch.tensor(values): a name may hold a list (the corpus's torch.tensor(losses))
+        number = node.operand if isinstance(node, ast.UnaryOp) else node
+        return 0 if isinstance(number, ast.Constant) else None
     if isinstance(node, (ast.Constant, ast.Name, ast.UnaryOp, ast.BinOp)):
         return depth
     return None

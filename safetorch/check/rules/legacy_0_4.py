@@ -39,9 +39,11 @@ class ZeroDimIndex(Rule):
     (``t[i0, i1]``, ``v.view(-1).max(0)[1]``), following names to their assignment in the
     same function, the file's own functions to their ``return`` values (``loss =
     loss_function(...)``, ``out, loss = train(...)``), parameters to what every call site
-    passes, and accumulators (``total = 0; total += loss.data``). Where no producer is
-    visible (a parameter of a function the file never calls, an attribute) the name decides
-    for ``.data[0]``: loss, acc, correct, total, err, cost.
+    passes (a ``criterion`` parameter too: ``train(model, nn.MSELoss())``,
+    ``step(F.mse_loss, ...)``), loss classes of the file to their ``forward``'s returns, and
+    accumulators (``total = 0; total += loss.data``). Where no producer is visible (a
+    parameter of a function the file never calls, an attribute) the name decides for
+    ``.data[0]`` (loss, acc, correct, total, err, cost), and such a finding has no fix.
 
     Found the same way: ``x[0]`` / ``x[-1]`` without ``.data`` (``total_loss[0]``), and two
     idioms ``safetorch run`` cannot shim: ``x.data.numpy()[0]`` of a 0-dim value (numpy
@@ -49,12 +51,17 @@ class ZeroDimIndex(Rule):
     Python number and now gives a 0-dim tensor, used as a dict key (``ni = topi[0][0]``,
     then ``index2word[ni]``: a KeyError, tensors hash by identity).
 
-    Fix (unsafe, ``--unsafe-fixes``): ``.item()``, which returns a Python number where 0.4
-    returned a 0-dim tensor (the value is the same; arithmetic on it no longer builds tensors).
+    Fix (unsafe, ``--unsafe-fixes``), only where the flow proves the value 0-dim:
+    ``.item()``, which returns a Python number where 0.4 returned a 0-dim tensor (the value
+    is the same; arithmetic on it no longer builds tensors). One index too many on what is
+    now 1-D (``pred[0][0]`` written when ``max(1)`` kept the dim, before torch 0.2) loses
+    the last index; a dict key gets ``.item()`` where its dimensions are known or come from
+    ``topk``/``sort``, which no release changed.
 
         running_loss += loss.data[0]   ->  running_loss += loss.item()
         print(loss.data.numpy()[0])    ->  print(loss.item())
-        ni = topi[0][0]                ->  ni = topi[0][0].item()
+        ni = topi[0][0]                ->  ni = topi[0][0].item()   (topi from x.topk(1))
+        first = pred.data[0][0]        ->  first = pred.data[0].item()   (pred 1-D)
 
     safetorch: ``st.legacy.zero_dim_index``.
     """
@@ -124,10 +131,22 @@ class ZeroDimIndex(Rule):
             data.value,
             "x.data[0] of a 0-dim tensor raises since torch 0.5: use x.item() "
             "(under safetorch run, st.legacy.zero_dim_index gives the number, as 0.3 did)",
+            proven=decided is True,
         )
         return True
 
-    def _item_fix(self, node: ast.expr, tensor: ast.expr, message: str) -> None:
+    def _item_fix(
+        self, node: ast.expr, tensor: ast.expr, message: str, proven: bool = True
+    ) -> None:
+        """Report ``node``; where the flow proved ``tensor`` 0-dim, with the ``.item()`` fix
+        (where only its name says so, the value may be a row: ``.item()`` would raise)."""
+        if not proven:
+            self.report(
+                node,
+                message + " once you have checked it is 0-dim (what produced it is not visible "
+                "here, so no fix is offered)",
+            )
+            return
         text = f"{self.ctx.segment(tensor)}.item()"
         if not isinstance(tensor, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
             text = f"({self.ctx.segment(tensor)}).item()"  # (a + b).data[0]
@@ -147,7 +166,8 @@ class ZeroDimIndex(Rule):
         outer = up.get(id(node))
         if isinstance(outer, ast.Subscript) and outer.value is node:
             return  # topi[0] of topi[0][0]: the outer index is the one to look at
-        if (flow.ndim(node, at, scope) or 0) > 0:
+        ndim = flow.ndim(node, at, scope)
+        if (ndim or 0) > 0:
             return  # a row, not a number: indexing it gave a tensor in 0.3 too
         keys: List[ast.Subscript] = []
         if isinstance(outer, ast.Subscript) and outer.slice is node:
@@ -171,16 +191,24 @@ class ZeroDimIndex(Rule):
         used = [k for k in keys if flow.is_dict(k.value)]
         if not used:
             return
-        text = f"{self.ctx.segment(node)}.item()"
-        fix = Fix(f"use {text}", (self.ctx.insert_after(node, ".item()"),), UNSAFE)
-        self.report(
-            node,
+        message = (
             "an integer index of a tensor gave a Python number in torch 0.3 and gives a 0-dim "
             f"tensor since 0.4: as the dict key at line {used[0].lineno} it never matches "
             "(tensors hash by identity): use .item() (st.legacy.zero_dim_index, what "
-            "safetorch run uses, cannot change an index that works in plain torch)",
-            fix,
+            "safetorch run uses, cannot change an index that works in plain torch)"
         )
+        if ndim != 0 and not flow.same_shape_since_0_1(node, at, scope):
+            # x.max(1) kept the dim before torch 0.2: x[0][0] may now index a 0-dim value
+            self.report(
+                node,
+                message + "; the tensor's dimensions are not visible here (if a reduction "
+                "dropped a dim it kept before torch 0.2, drop one index too), so no fix is "
+                "offered",
+            )
+            return
+        text = f"{self.ctx.segment(node)}.item()"
+        fix = Fix(f"use {text}", (self.ctx.insert_after(node, ".item()"),), UNSAFE)
+        self.report(node, message, fix)
 
 
 _VARIABLE = ("torch.autograd.Variable", "torch.autograd.variable.Variable")
