@@ -9,39 +9,28 @@ fixed code: the writer, then the fixed load.
 from __future__ import annotations
 
 import runpy
-import sys
-import textwrap
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Iterator, List
 
 import pytest
+from _check_project import fresh_project, project_findings, write_project
 
-from safetorch.check import project
 from safetorch.check.engine import Diagnostic
-from safetorch.check.runner import check_file, check_paths
+from safetorch.check.runner import check_file
 
 torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(autouse=True)
 def _fresh_projects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "net", raising=False)
-    project.clear()
-    yield
-    project.clear()
+    yield from fresh_project(tmp_path, monkeypatch, ("net",))
 
 
-def _write(root: Path, files: Dict[str, str]) -> None:
-    (root / "setup.py").write_text("")
-    for name, text in files.items():
-        (root / name).write_text(textwrap.dedent(text).lstrip())
+_write = write_project
 
 
 def _findings(root: Path, name: str) -> List[Diagnostic]:
-    results = check_paths([str(root)], select=["ST003"])
-    return [d for r in results if r.path.endswith(name) for d in r.diagnostics]
+    return project_findings(root, "ST003")[name]
 
 
 def _fixed(root: Path, name: str) -> str:
