@@ -60,6 +60,13 @@ def _st(source: str, code: str) -> List[Diagnostic]:
     return check_source(textwrap.dedent(source), "hogwild.py", [code])
 
 
+def test_from_torch_import_multiprocessing_is_found_too() -> None:
+    source = HOGWILD.replace(
+        "import torch.multiprocessing as mp", "from torch import multiprocessing as mp"
+    )
+    assert [d.code for d in _st(source, "ST023")] == ["ST023"]
+
+
 def test_hogwild_after_torch_ops_is_found_and_fixed_with_one_thread() -> None:
     (finding,) = _st(HOGWILD, "ST023")
     assert finding.fix is not None and "set_num_threads(1)" in finding.message

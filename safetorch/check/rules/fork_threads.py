@@ -70,7 +70,7 @@ class ForkAfterOpenMP(Rule):
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:
-        if self.ctx.qualname(node.func) not in _PROCESS or "import torch" not in self.ctx.source:
+        if self.ctx.qualname(node.func) not in _PROCESS:
             return
         if any(word in self.ctx.source for word in _START_METHOD):
             return
