@@ -190,3 +190,54 @@ def test_an_object_of_a_class_is_reported_with_the_reason_and_unchanged(tmp_path
     assert "no automatic fix: prepare.py:7 may write it with the result of `Vocab(...)`" in (
         finding.message
     )
+
+
+def test_a_pair_across_files_is_migrated_on_both_sides(tmp_path: Path) -> None:
+    export = """
+        import torch
+        from net import Tiny
+
+        model = Tiny()
+        torch.nn.init.constant_(model.lin.weight, 0.25)
+        torch.save(model, "tiny.pt")
+    """
+    serve = """
+        import torch
+        from net import Tiny
+
+        model = Tiny()
+        model = torch.load("tiny.pt")
+        out = model(torch.ones(1, 4))
+    """
+    _write(tmp_path, {"net.py": NET, "export.py": export, "serve.py": serve})
+    findings = project_findings(tmp_path, "ST003")
+    (save,) = findings["export.py"]
+    (load,) = findings["serve.py"]
+    assert save.fix is not None and "serve.py:5" in save.message
+    assert load.fix is not None and "load_state_dict" in load.fix.message
+    for name in ("export.py", "serve.py"):
+        (tmp_path / name).write_text(_fixed(tmp_path, name))
+    assert 'torch.save(model.state_dict(), "tiny.pt")' in (tmp_path / "export.py").read_text()
+    runpy.run_path(str(tmp_path / "export.py"))
+    served = runpy.run_path(str(tmp_path / "serve.py"))
+    assert torch.equal(served["model"].lin.weight, torch.full((2, 4), 0.25))
+
+
+def test_a_pair_across_files_with_an_unbuilt_load_is_left_alone(tmp_path: Path) -> None:
+    export = """
+        import torch
+        from net import Tiny
+
+        model = Tiny()
+        torch.save(model, "tiny.pt")
+    """
+    serve = """
+        import torch
+
+        model = torch.load("tiny.pt")
+    """
+    _write(tmp_path, {"net.py": NET, "export.py": export, "serve.py": serve})
+    findings = project_findings(tmp_path, "ST003")
+    assert findings["export.py"] == []  # the save is not changed
+    (load,) = findings["serve.py"]
+    assert load.fix is None

@@ -17,14 +17,22 @@ where it is defined: the allow-list is the writer's evidence, spelled out in the
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from safetorch.check.engine import UNSAFE, Context, Edit, Fix
+from safetorch.check.engine import UNSAFE, Context, Edit, Fix, end_position
 from safetorch.check.fixer import import_edit, parents
 from safetorch.check.rules import _load_flow as flow
 from safetorch.check.rules._helpers import call_arg, find_keyword, has_double_star, has_star
 
-__all__ = ["NUMPY_ALLOW", "allow_list_fix", "state_dict_fix"]
+__all__ = [
+    "NUMPY_ALLOW",
+    "allow_kinds",
+    "allow_list_fix",
+    "cross_file_load_fix",
+    "module_save_fix",
+    "plain_namespaces",
+    "state_dict_fix",
+]
 
 #: What a file of numpy arrays and scalars needs besides tensors, in numpy 2's spelling and
 #: numpy 1's (a name the running numpy lacks allows nothing, so the list works with both).
@@ -50,14 +58,14 @@ def _plain_save(save: ast.Call) -> Optional[ast.expr]:
 def _built_before(ctx: Context, name: str, load: ast.Call, scope: ast.AST) -> bool:
     """``name`` is bound in ``scope`` before ``load`` to a call of a class (``Net(...)``)."""
     last: Tuple[Tuple[int, int], bool] = ((0, 0), False)
-    for node in ctx.walk(scope):
+    for node in ast.walk(scope):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target = node.targets[0]
         if not (isinstance(target, ast.Name) and target.id == name):
             continue
         where = (node.lineno, node.col_offset)
-        if ctx.end(node) > (load.lineno, load.col_offset) or where < last[0]:
+        if end_position(node) > (load.lineno, load.col_offset) or where < last[0]:
             continue
         value = node.value
         func = value.func if isinstance(value, ast.Call) else None
@@ -71,33 +79,135 @@ def _built_before(ctx: Context, name: str, load: ast.Call, scope: ast.AST) -> bo
     return last[1]
 
 
+class _Pairs(NamedTuple):
+    """One file's whole-module loads and saves, for pairs across files (a ``project_facts``
+    gather): (line, path shape, whether it can be migrated) for each ``torch.load`` (``name =
+    torch.load(p)`` with ``name`` built before: ``load_state_dict`` can take its place) and
+    each ``torch.save(name, p)`` of a module built in the same scope."""
+
+    loads: List[Tuple[int, flow.Shape, bool]]
+    saves: List[Tuple[int, flow.Shape, bool]]
+
+
+def _pairs(tree: ast.Module, relpath: str) -> _Pairs:
+    ctx = flow._resolver(relpath, tree)
+    file = flow._File(tree, relpath)
+    up = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    loads: List[Tuple[int, flow.Shape, bool]] = []
+    saves: List[Tuple[int, flow.Shape, bool]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        qual = ctx.qualname(node.func)
+        if qual not in ("torch.load", "torch.save"):
+            continue
+        index = 0 if qual == "torch.load" else 1
+        path = call_arg(node, index, "f")
+        if path is None or isinstance(path, ast.Starred):
+            continue
+        shape = flow.shape_of(path, file)
+        scope = _scope_in(up, node, tree)
+        if qual == "torch.load":
+            statement = up.get(id(node))
+            target = statement.targets[0] if isinstance(statement, ast.Assign) else None
+            ok = (
+                isinstance(target, ast.Name)
+                and len(getattr(statement, "targets", [])) == 1
+                and _built_before(ctx, target.id, node, scope)
+                and not has_star(node)
+                and find_keyword(node, "pickle_module") is None
+            )
+            loads.append((node.lineno, shape, bool(ok)))
+        else:
+            value = _plain_save(node)
+            ok = isinstance(value, ast.Name) and _built_before(ctx, value.id, node, scope)
+            saves.append((node.lineno, shape, bool(ok)))
+    return _Pairs(loads, saves)
+
+
+def _scope_in(up: Dict[int, ast.AST], node: ast.AST, tree: ast.Module) -> ast.AST:
+    current = up.get(id(node))
+    while current is not None and not isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        current = up.get(id(current))
+    return tree if current is None else current
+
+
+def _matching(ctx: Context, shape: flow.Shape, kind: str) -> List[Tuple[str, int, bool]]:
+    """(path, line, migratable) of every load (``kind`` "loads") or save ("saves") of the
+    project whose path may be ``shape``."""
+    found: List[Tuple[str, int, bool]] = []
+    for path, facts in ctx.project_facts("ST003-module-pairs", _pairs).items():
+        for line, other, ok in getattr(facts, kind):
+            if flow.may_match(shape, other):
+                found.append((path, line, ok))
+    return found
+
+
 def _other_loads(ctx: Context, load: ast.Call) -> List[str]:
     """``path:line`` of the loads elsewhere in the project that may read the file ``load``
-    reads (by path shape)."""
+    reads and cannot take a state dict (``name = torch.load(p)`` with ``name`` built)."""
     shape = flow.load_shape(ctx, load)
     if shape is None:
         return ["(a load whose path is not visible)"]
     here = ctx.project.relpath(ctx.path)
-    out: List[str] = []
-    for path, shapes in ctx.project_facts("ST003-load-shapes", _load_shapes).items():
-        for line, other in shapes:
-            if (path, line) != (here, load.lineno) and flow.may_match(shape, other):
-                out.append(f"{path}:{line}")
-    return out
+    return [
+        f"{path}:{line}"
+        for path, line, ok in _matching(ctx, shape, "loads")
+        if (path, line) != (here, load.lineno) and not ok
+    ]
 
 
-def _load_shapes(tree: ast.Module, relpath: str) -> List[Tuple[int, flow.Shape]]:
-    """(line, path shape) of every ``torch.load`` of one file (a ``project_facts`` gather)."""
-    ctx = flow._resolver(relpath, tree)
-    file = flow._File(tree, relpath)
-    out: List[Tuple[int, flow.Shape]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and ctx.qualname(node.func) == "torch.load":
-            path = node.args[0] if node.args else find_keyword(node, "f")
-            arg = path.value if isinstance(path, ast.keyword) else path
-            if arg is not None and not isinstance(arg, ast.Starred):
-                out.append((node.lineno, flow.shape_of(arg, file)))
-    return out
+def module_save_fix(ctx: Context, save: ast.Call) -> Optional[Tuple[Fix, str]]:
+    """The save side of a whole-module pair across files: ``torch.save(model, p)`` ->
+    ``torch.save(model.state_dict(), p)`` where every load of the project that may read ``p``
+    is in another file and takes a state dict in its fix (:func:`cross_file_load_fix`), and
+    every save of ``p`` saves a module built where it is saved; with the loads it pairs with."""
+    value = _plain_save(save)
+    path = call_arg(save, 1, "f")
+    if not isinstance(value, ast.Name) or path is None or not _complete(ctx):
+        return None
+    shape = flow.shape_of(path, flow.file_of(ctx))
+    if shape.exact is None and not shape.suffix.strip("./"):
+        return None  # a path the checker cannot read can be any load's
+    loads = _matching(ctx, shape, "loads")
+    saves = _matching(ctx, shape, "saves")
+    here = ctx.project.relpath(ctx.path)
+    if not loads or not all(ok for _, _, ok in loads + saves):
+        return None
+    if any(p == here for p, _, _ in loads):
+        return None  # a load of this file: its own fix writes both sides
+    if not _built_before(ctx, value.id, save, _scope_of(ctx, save)):
+        return None
+    where = ", ".join(f"{p}:{line}" for p, line, _ in loads)
+    fix = Fix(
+        f"save {value.id}.state_dict() (the load at {where} becomes load_state_dict)",
+        (ctx.insert_after(value, ".state_dict()"),),
+        UNSAFE,
+    )
+    return fix, where
+
+
+def cross_file_load_fix(ctx: Context, load: ast.Call) -> Tuple[Optional[Fix], str]:
+    """The load side of a whole-module pair whose saves are all in other files (each gets
+    :func:`module_save_fix`): ``model = torch.load(p)`` -> ``model.load_state_dict(
+    torch.load(p, weights_only=True))``; (None, why not) otherwise."""
+    shape = flow.load_shape(ctx, load)
+    if shape is None or (shape.exact is None and not shape.suffix.strip("./")):
+        return None, ""
+    if not _complete(ctx):
+        return None, ""
+    here = ctx.project.relpath(ctx.path)
+    saves = _matching(ctx, shape, "saves")
+    if not saves or any(p == here for p, _, _ in saves):
+        return None, ""
+    if not all(ok for _, _, ok in saves):
+        return None, "a save of the path may not write a module it builds"
+    return _load_side(ctx, load, [])
+
+
+def _complete(ctx: Context) -> bool:
+    ctx.project.paths()
+    return ctx.project.root is not None and ctx.project.complete
 
 
 def state_dict_fix(
@@ -124,6 +234,24 @@ def state_dict_fix(
     for save in saves:  # each saves a module the file builds (Net(), not a state dict)
         if not _built_before(ctx, target.id, save, _scope_of(ctx, save)):
             return None, f"the save at line {save.lineno} may not write a module built here"
+    return _load_side(ctx, load, [v for v in values if v is not None])
+
+
+def _load_side(
+    ctx: Context, load: ast.Call, saved: Sequence[ast.expr]
+) -> Tuple[Optional[Fix], str]:
+    """``name = torch.load(...)`` -> ``name.load_state_dict(torch.load(..., weights_only=True))``,
+    with ``.state_dict()`` after each of ``saved`` (the saves of this file)."""
+    statement = parents(ctx).get(id(load))
+    target = statement.targets[0] if isinstance(statement, ast.Assign) else None
+    if not (
+        isinstance(statement, ast.Assign)
+        and len(statement.targets) == 1
+        and isinstance(target, ast.Name)
+        and statement.value is load
+    ):
+        return None, "the loaded module is not assigned to a name"
+    assert isinstance(target, ast.Name)
     scope = _scope_of(ctx, load)
     if not _built_before(ctx, target.id, load, scope):
         return None, f"{target.id} is not built before the load here (its class is not known)"
@@ -134,13 +262,15 @@ def state_dict_fix(
     others = _other_loads(ctx, load)
     if others:
         return None, f"another load may read the file ({others[0]}) and expects the module"
-    edits: List[Edit] = [ctx.insert_after(v, ".state_dict()") for v in values if v is not None]
+    edits: List[Edit] = [ctx.insert_after(v, ".state_dict()") for v in saved]
     seg = ctx.segment
     parts = [seg(a) for a in load.args] + [seg(k) for k in load.keywords if k.arg != "weights_only"]
     parts.append("weights_only=True")
     new = f"{target.id}.load_state_dict({seg(load.func)}({', '.join(parts)}))"
     edits.append(ctx.replace(statement, new))
-    message = f"save {target.id}.state_dict() and load it with {target.id}.load_state_dict"
+    message = f"load the state dict into {target.id} with {target.id}.load_state_dict"
+    if saved:
+        message = f"save {target.id}.state_dict() and load it with {target.id}.load_state_dict"
     return Fix(message, tuple(edits), UNSAFE), ""
 
 

@@ -729,8 +729,11 @@ class LoadWithoutWeightsOnly(Rule):
     how (``rules/_load_fix.py``):
 
     - a whole module saved and loaded in this file, the loaded name built before the load
-      (``model = Net()``) and no other load of the project reading that file: both sides
-      become a state dict (one fix)::
+      (``model = Net()``) and no other load of the project reading that file unless it can
+      take a state dict too: both sides become a state dict (one fix); where the saves are
+      in other files, each save of a module built there (``torch.save(model, path)`` with
+      ``model = Net()``) is reported at the save with its half of the fix, and each load
+      gets its half, only when every load of that path in the project can take it::
 
         torch.save(model, path)   ->  torch.save(model.state_dict(), path)
         model = torch.load(path)  ->  model.load_state_dict(torch.load(path, weights_only=True))
@@ -773,7 +776,11 @@ class LoadWithoutWeightsOnly(Rule):
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:
-        if self.ctx.qualname(node.func) != "torch.load" or has_double_star(node):
+        qual = self.ctx.qualname(node.func)
+        if qual == "torch.save":
+            self._module_save(node)
+            return
+        if qual != "torch.load" or has_double_star(node):
             return
         if not _loads_something(node) or _weights_only_fallback(self.ctx, node):
             return
@@ -819,12 +826,19 @@ class LoadWithoutWeightsOnly(Rule):
         allow = None if blocker is None or not blocker[1] else self._allow_of_writers(node)
         if allow is not None:
             fix = _load_fix.allow_list_fix(self.ctx, node, allow)
+        elif blocker is not None and blocker[1]:
+            fix = _load_fix.cross_file_load_fix(self.ctx, node)[0]  # its saves get theirs
         head = (
             "torch.load without weights_only can execute code from the file (the default "
             "before torch 2.6)"
         )
         if blocker is None:
             advice = "pass weights_only=True or use st.load"
+        elif fix is not None and allow is None:
+            advice = (
+                f"weights_only=True refuses the file: {blocker[0]}; load a state dict into the "
+                "model built here (the save writes model.state_dict() in its own fix)"
+            )
         elif allow is not None and fix is not None:
             advice = (
                 f"weights_only=True refuses the file: {blocker[0]}; load it with st.load and "
@@ -859,13 +873,30 @@ class LoadWithoutWeightsOnly(Rule):
         ``st.load(..., allow=[...])``. (None, why not) otherwise."""
         found = payloads(self.ctx).saves_of(node)
         if kind == "a whole module":
-            if not found or any(h not in ("a whole module", None) for _, h in found):
+            if not found:
+                return _load_fix.cross_file_load_fix(self.ctx, node)  # saves elsewhere
+            if any(h not in ("a whole module", None) for _, h in found):
                 return None, "" if not found else "a save of the path writes something else too"
             return _load_fix.state_dict_fix(self.ctx, node, [s for s, _ in found])
         allow = self._allow_of_writers(node)
         if allow is None:
             return None, ""
         return _load_fix.allow_list_fix(self.ctx, node, allow), ""
+
+    def _module_save(self, node: ast.Call) -> None:
+        """The save side of a whole-module pair across files (``_load_fix.module_save_fix``):
+        reported only where every load of the file it writes takes a state dict in its fix."""
+        found = _load_fix.module_save_fix(self.ctx, node)
+        if found is None:
+            return
+        fix, where = found
+        self.report(
+            node,
+            "torch.save of a whole module: a weights-only load (torch's default since 2.6, "
+            f"st.load's always) refuses the file, and the load at {where} builds the model "
+            "itself: save model.state_dict() and load it with load_state_dict (its own fix)",
+            fix,
+        )
 
     def _allow_of_writers(self, node: ast.Call) -> Optional[Tuple[str, ...]]:
         """The ``allow=`` entries for the plain data (Namespace, numpy) that the project's
