@@ -29,9 +29,11 @@ __all__ = [
     "allow_kinds",
     "allow_list_fix",
     "cross_file_load_fix",
+    "migrate",
     "module_save_fix",
     "plain_namespaces",
     "state_dict_fix",
+    "writers_allow",
 ]
 
 #: What a file of numpy arrays and scalars needs besides tensors, in numpy 2's spelling and
@@ -359,3 +361,42 @@ def _literal(node: ast.AST) -> bool:
     except ValueError:
         return False
     return True
+
+
+def migrate(
+    ctx: Context,
+    load: ast.Call,
+    kind: str,
+    saves: Sequence[Tuple[ast.Call, Optional[str]]],
+    external: bool,
+) -> Tuple[Optional[Fix], str]:
+    """The migration of a load that evidently holds ``kind`` (ST003's ``held``), given what
+    each save of this file that writes its path holds (``saves``) and whether the file comes
+    from elsewhere (``external``): a whole module saved and loaded here, both sides as a state
+    dict (:func:`state_dict_fix`), saved in other files, the load side
+    (:func:`cross_file_load_fix`); numpy data every writer of the project saves,
+    ``st.load(..., allow=[...])``. (None, why not) otherwise."""
+    if kind == "a whole module":
+        if not saves:
+            return cross_file_load_fix(ctx, load)  # the saves are elsewhere
+        if any(h not in ("a whole module", None) for _, h in saves):
+            return None, "a save of the path writes something else too"
+        return state_dict_fix(ctx, load, [s for s, _ in saves])
+    allow = writers_allow(ctx, load, external)
+    return (None, "") if allow is None else (allow_list_fix(ctx, load, allow), "")
+
+
+def writers_allow(ctx: Context, load: ast.Call, external: bool) -> Optional[Tuple[str, ...]]:
+    """The ``allow=`` entries for the plain data (Namespace, numpy) the project's saves of
+    the loaded path write, or None where one may write anything else, the file comes from
+    elsewhere (``external``), the project is not read whole or no save is found."""
+    ctx.project.paths()
+    if external or not ctx.project.complete or flow.defines_extra_state(ctx):
+        return None
+    shape = flow.load_shape(ctx, load)
+    if shape is None or (shape.exact is None and not shape.suffix.strip("./")):
+        return None
+    allow = allow_kinds([s.held for s in flow.candidates(ctx, load)])
+    if allow is not None and _NAMESPACE in allow:
+        return allow if plain_namespaces(ctx) else None
+    return allow

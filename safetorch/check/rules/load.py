@@ -823,7 +823,12 @@ class LoadWithoutWeightsOnly(Rule):
         blocker = _weights_only_blocker(self.ctx, node)
         edit = None if blocker is not None else add_keywords(self.ctx, node, "weights_only=True")
         fix = None if edit is None else Fix("add weights_only=True", (edit,), UNSAFE)
-        allow = None if blocker is None or not blocker[1] else self._allow_of_writers(node)
+        external = _pretrained_file(self.ctx, node) or _downloaded(self.ctx, node)
+        allow = (
+            None
+            if blocker is None or not blocker[1]
+            else _load_fix.writers_allow(self.ctx, node, external)
+        )
         if allow is not None:
             fix = _load_fix.allow_list_fix(self.ctx, node, allow)
         elif blocker is not None and blocker[1]:
@@ -860,28 +865,14 @@ class LoadWithoutWeightsOnly(Rule):
     def _report_held(self, node: ast.Call, held: Tuple[str, int], message: str) -> None:
         """Report a load of a file that evidently holds ``held``, with the migration PyTorch
         recommends where it applies (:meth:`_migrated`), else st.save/st.load."""
-        fix, why = self._migrated(node, held[0])
+        external = _pretrained_file(self.ctx, node) or _downloaded(self.ctx, node)
+        saves = payloads(self.ctx).saves_of(node)
+        fix, why = _load_fix.migrate(self.ctx, node, held[0], saves, external)
         if fix is None:
             fix = self._saved_load(node)
         if fix is None and why:
             message += f" (no automatic fix: {why})"
         self.report(node, message, fix)
-
-    def _migrated(self, node: ast.Call, kind: str) -> Tuple[Optional[Fix], str]:
-        """A whole module saved and loaded here: both sides as a state dict
-        (``_load_fix.state_dict_fix``); numpy data every writer of the project saves:
-        ``st.load(..., allow=[...])``. (None, why not) otherwise."""
-        found = payloads(self.ctx).saves_of(node)
-        if kind == "a whole module":
-            if not found:
-                return _load_fix.cross_file_load_fix(self.ctx, node)  # saves elsewhere
-            if any(h not in ("a whole module", None) for _, h in found):
-                return None, "" if not found else "a save of the path writes something else too"
-            return _load_fix.state_dict_fix(self.ctx, node, [s for s, _ in found])
-        allow = self._allow_of_writers(node)
-        if allow is None:
-            return None, ""
-        return _load_fix.allow_list_fix(self.ctx, node, allow), ""
 
     def _module_save(self, node: ast.Call) -> None:
         """The save side of a whole-module pair across files (``_load_fix.module_save_fix``):
@@ -897,23 +888,6 @@ class LoadWithoutWeightsOnly(Rule):
             "itself: save model.state_dict() and load it with load_state_dict (its own fix)",
             fix,
         )
-
-    def _allow_of_writers(self, node: ast.Call) -> Optional[Tuple[str, ...]]:
-        """The ``allow=`` entries for the plain data (Namespace, numpy) that the project's
-        saves of the loaded path write, or None where one may write anything else, the
-        project is not read whole, or no save is found."""
-        self.ctx.project.paths()
-        if not self.ctx.project.complete or flow.defines_extra_state(self.ctx):
-            return None
-        if _pretrained_file(self.ctx, node) or _downloaded(self.ctx, node):
-            return None
-        shape = flow.load_shape(self.ctx, node)
-        if shape is None or (shape.exact is None and not shape.suffix.strip("./")):
-            return None
-        allow = _load_fix.allow_kinds([s.held for s in flow.candidates(self.ctx, node)])
-        if allow is not None and "argparse.Namespace" in allow:
-            return allow if _load_fix.plain_namespaces(self.ctx) else None
-        return allow
 
     def _saved_load(self, call: ast.Call) -> Optional[Fix]:
         """``st.save`` for the saves of this file that write the path ``call`` loads, and
