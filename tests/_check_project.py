@@ -46,3 +46,5 @@ def fresh_project(
     project.clear()
     yield
     project.clear()
+    for name in modules:  # what the test imported from its project (monkeypatch restores
+        sys.modules.pop(name, None)  # what was there before)
