@@ -98,7 +98,7 @@ def test_whole_module_saved_in_another_file_gets_no_fix(tmp_path: Path) -> None:
         torch.load(tmp_path / "net.pt", weights_only=True)
 
 
-def test_namespace_saved_inside_a_checkpoint_gets_no_fix(tmp_path: Path) -> None:
+def test_namespace_saved_inside_a_checkpoint_is_allowed_by_name(tmp_path: Path) -> None:
     _write(
         tmp_path,
         {
@@ -125,11 +125,15 @@ def test_namespace_saved_inside_a_checkpoint_gets_no_fix(tmp_path: Path) -> None
         },
     )
     (finding,) = _findings(tmp_path, "train.py", "ST003")
-    assert finding.fix is None
+    assert finding.fix is not None  # issue 34.3: allow= exactly the writer's Namespace
     assert "an argparse Namespace" in finding.message and "prepare.py:9" in finding.message
     runpy.run_path(str(tmp_path / "prepare.py"))
     with pytest.raises(Exception, match="[Ww]eights only load failed"):
-        torch.load(tmp_path / "start.pt", weights_only=True)
+        torch.load(tmp_path / "start.pt", weights_only=True)  # what weights_only=True did
+    result = check_file(str(tmp_path / "train.py"), select=["ST003"], fix=True, unsafe_fixes=True)
+    assert result.after is not None and 'allow=["argparse.Namespace"]' in result.after
+    (tmp_path / "train_fixed.py").write_text(result.after)
+    assert runpy.run_path(str(tmp_path / "train_fixed.py"))["start"]["args"].lr == 0.1
 
 
 STATE_DICTS = {

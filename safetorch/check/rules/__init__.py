@@ -26,13 +26,10 @@ from safetorch.check.rules.cli_args import PositionalWithDefault
 from safetorch.check.rules.data_parallel import DataParallelUsed
 from safetorch.check.rules.detach import DetachThenInPlace
 from safetorch.check.rules.dropout import FunctionalDropoutWithoutTraining
-from safetorch.check.rules.legacy import (
-    LegacyAutogradFunction,
-    LegacyLossReduction,
-    RemovedLinalgFunction,
-    VolatileVariable,
-    ZeroDimIndex,
-)
+from safetorch.check.rules.fork_threads import ForkAfterOpenMP
+from safetorch.check.rules.legacy_0_4 import LegacyLossReduction, VolatileVariable, ZeroDimIndex
+from safetorch.check.rules.legacy_1_x import LegacyAutogradFunction, RemovedLinalgFunction
+from safetorch.check.rules.legacy_keys import LegacyStateDictKeys
 from safetorch.check.rules.lint import BiasBeforeBatchNorm, DropoutBeforeBatchNorm, layer_flow
 from safetorch.check.rules.load import LoadWithoutMapLocation, LoadWithoutWeightsOnly, payloads
 from safetorch.check.rules.pin_memory import CustomBatchWithoutPinMemory
@@ -89,6 +86,8 @@ __all__ = [
     "ZeroDimIndex",
     "VolatileVariable",
     "LegacyLossReduction",
+    "ForkAfterOpenMP",
+    "LegacyStateDictKeys",
 ]
 
 #: The ``--select`` token that turns on every preview rule.
@@ -118,6 +117,8 @@ RULES: Tuple[Type[Rule], ...] = (
     ZeroDimIndex,
     VolatileVariable,
     LegacyLossReduction,
+    ForkAfterOpenMP,
+    LegacyStateDictKeys,
 )
 
 

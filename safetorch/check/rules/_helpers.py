@@ -25,8 +25,10 @@ __all__ = [
     "has_double_star",
     "has_star",
     "is_const",
+    "literal_bool",
     "min_torch",
     "own_expressions",
+    "own_nodes",
     "rename_call",
     "self_attr",
     "short_name",
@@ -221,3 +223,22 @@ def statements_in_order(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
                         yield from statements_in_order([item])
                     elif hasattr(item, "body"):  # except handler, match case
                         yield from statements_in_order(item.body)
+
+
+def literal_bool(node: Optional[ast.AST], default: bool) -> Optional[bool]:
+    """The value of a literal True/False argument (``default`` when absent), else None."""
+    if node is None:
+        return default
+    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        return node.value
+    return None
+
+
+def own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not entering nested functions, lambdas or classes."""
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))

@@ -9,6 +9,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import import_edit
+from safetorch.check.rules import _load_fix
 from safetorch.check.rules import _load_flow as flow
 from safetorch.check.rules import _map_location
 from safetorch.check.rules._base import Rule
@@ -717,14 +718,34 @@ class LoadWithoutWeightsOnly(Rule):
     works holds only those: also for a downloaded or pretrained file). Not offered where a
     save writes a whole module, an instance of a class, an argparse Namespace
     (``vars(args)`` too: argparse values can be ``Path`` objects or anything a ``type=``
-    returns), an optimizer object, numpy data or a value the checker cannot tell; for a
+    returns), an optimizer object, numpy data or a value the checker cannot tell (see
+    below for the Namespace and numpy migrations); for a
     file the project never writes (a download, a user-supplied pretrained file: its
     contents are unknown); where the project defines ``get_extra_state`` (a state dict may
     then hold any object); where the project is too big to read whole. The message then says
     why (which save, what it may write).
 
     Where the file evidently holds more than weights, ``weights_only=True`` refuses it on
-    every torch; where a ``torch.save`` of this file that writes a whole module
+    every torch, and the load is migrated the way PyTorch recommends where the project shows
+    how (``rules/_load_fix.py``):
+
+    - a whole module saved and loaded in this file, the loaded name built before the load
+      (``model = Net()``) and no other load of the project reading that file unless it can
+      take a state dict too: both sides become a state dict (one fix); where the saves are
+      in other files, each save of a module built there (``torch.save(model, path)`` with
+      ``model = Net()``) is reported at the save with its half of the fix, and each load
+      gets its half, only when every load of that path in the project can take it::
+
+        torch.save(model, path)   ->  torch.save(model.state_dict(), path)
+        model = torch.load(path)  ->  model.load_state_dict(torch.load(path, weights_only=True))
+
+    - a file whose every writer in the project saves tensors plus an argparse Namespace
+      (every ``add_argument`` of the project with a plain ``type=`` and a literal default)
+      or numpy arrays and scalars: ``st.load(path, map_location="available", allow=[...])``
+      naming exactly those classes (``st.load`` is weights-only with ``allow=`` on every
+      torch; ``torch.serialization.safe_globals`` exists from torch 2.4 only).
+
+    Otherwise, where a ``torch.save`` of this file that writes a whole module
     or numpy data is the evidence, the fix saves with ``st.save`` and loads with ``st.load``
     instead (one fix, ``import safetorch as st`` added where missing):
 
@@ -741,7 +762,8 @@ class LoadWithoutWeightsOnly(Rule):
     No fix where only the use of the loaded object is the evidence (``.eval()``: a file
     saved elsewhere, which another script's fix may not reach), where a save writes it to
     another path expression, or where the save or the load passes ``pickle_module`` (a file
-    ``st.save`` does not record) or ``*args``/``**kwargs``.
+    ``st.save`` does not record) or ``*args``/``**kwargs``. A load left unchanged says why
+    (``no automatic fix: ...``).
 
     safetorch: ``st.load`` (weights_only by default, clear error naming the blocked type).
     """
@@ -755,7 +777,11 @@ class LoadWithoutWeightsOnly(Rule):
     node_types = (ast.Call,)
 
     def visit(self, node: ast.Call) -> None:
-        if self.ctx.qualname(node.func) != "torch.load" or has_double_star(node):
+        qual = self.ctx.qualname(node.func)
+        if qual == "torch.save":
+            self._module_save(node)
+            return
+        if qual != "torch.load" or has_double_star(node):
             return
         if not _loads_something(node) or _weights_only_fallback(self.ctx, node):
             return
@@ -767,15 +793,13 @@ class LoadWithoutWeightsOnly(Rule):
             held = None  # its classes are allow-listed: a weights-only load accepts them
         if weights_only is not None:
             if held is not None and is_const(weights_only.value, True):
-                self.report(node, self._refused(held, "weights_only=True"), self._saved_load(node))
+                self._report_held(node, held, self._refused(held, "weights_only=True"))
             return
         if new_torch:
             if held is not None:
                 since = f"this code needs torch >= 2.6 ({why})"
-                self.report(
-                    node,
-                    self._refused(held, f"the default weights_only=True ({since})"),
-                    self._saved_load(node),
+                self._report_held(
+                    node, held, self._refused(held, f"the default weights_only=True ({since})")
                 )
             return
         # With the map_location rule in preview, this finding also carries the device advice:
@@ -787,11 +811,11 @@ class LoadWithoutWeightsOnly(Rule):
             else f"; it also lacks map_location: {device} (st.load maps to CPU)"
         )
         if held is not None:
-            self.report(
+            self._report_held(
                 node,
+                held,
                 "torch.load without weights_only can execute code from the file (the default "
                 f"before torch 2.6){tail}; " + self._refused(held, "weights_only=True"),
-                self._saved_load(node),
             )
             return
         # weights_only=True refuses checkpoints that pickle other objects (whole modules,
@@ -800,12 +824,32 @@ class LoadWithoutWeightsOnly(Rule):
         blocker = _weights_only_blocker(self.ctx, node)
         edit = None if blocker is not None else add_keywords(self.ctx, node, "weights_only=True")
         fix = None if edit is None else Fix("add weights_only=True", (edit,), UNSAFE)
+        external = _pretrained_file(self.ctx, node) or _downloaded(self.ctx, node)
+        allow = (
+            None
+            if blocker is None or not blocker[1]
+            else _load_fix.writers_allow(self.ctx, node, external)
+        )
+        if allow is not None:
+            fix = _load_fix.allow_list_fix(self.ctx, node, allow)
+        elif blocker is not None and blocker[1]:
+            fix = _load_fix.cross_file_load_fix(self.ctx, node)[0]  # its saves get theirs
         head = (
             "torch.load without weights_only can execute code from the file (the default "
             "before torch 2.6)"
         )
         if blocker is None:
             advice = "pass weights_only=True or use st.load"
+        elif fix is not None and allow is None:
+            advice = (
+                f"weights_only=True refuses the file: {blocker[0]}; load a state dict into the "
+                "model built here (the save writes model.state_dict() in its own fix)"
+            )
+        elif allow is not None and fix is not None:
+            advice = (
+                f"weights_only=True refuses the file: {blocker[0]}; load it with st.load and "
+                f"allow= exactly those data classes ({', '.join(allow)})"
+            )
         elif blocker[1]:
             advice = (
                 f"weights_only=True may refuse the file: {blocker[0]}; save state_dicts or "
@@ -818,6 +862,33 @@ class LoadWithoutWeightsOnly(Rule):
                 f"st.load (no automatic fix: {blocker[0]})"
             )
         self.report(node, f"{head}: {advice}{tail}", fix)
+
+    def _report_held(self, node: ast.Call, held: Tuple[str, int], message: str) -> None:
+        """Report a load of a file that evidently holds ``held``, with the migration PyTorch
+        recommends where it applies (:meth:`_migrated`), else st.save/st.load."""
+        external = _pretrained_file(self.ctx, node) or _downloaded(self.ctx, node)
+        saves = payloads(self.ctx).saves_of(node)
+        fix, why = _load_fix.migrate(self.ctx, node, held[0], saves, external)
+        if fix is None:
+            fix = self._saved_load(node)
+        if fix is None and why:
+            message += f" (no automatic fix: {why})"
+        self.report(node, message, fix)
+
+    def _module_save(self, node: ast.Call) -> None:
+        """The save side of a whole-module pair across files (``_load_fix.module_save_fix``):
+        reported only where every load of the file it writes takes a state dict in its fix."""
+        found = _load_fix.module_save_fix(self.ctx, node)
+        if found is None:
+            return
+        fix, where = found
+        self.report(
+            node,
+            "torch.save of a whole module: a weights-only load (torch's default since 2.6, "
+            f"st.load's always) refuses the file, and the load at {where} builds the model "
+            "itself: save model.state_dict() and load it with load_state_dict (its own fix)",
+            fix,
+        )
 
     def _saved_load(self, call: ast.Call) -> Optional[Fix]:
         """``st.save`` for the saves of this file that write the path ``call`` loads, and

@@ -1,0 +1,50 @@
+"""A tiny project in a temporary directory, checked as ``safetorch check DIR`` checks one: the
+shared helpers of the cross-file tests in tests/check (issue 34)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List
+
+import pytest
+
+from safetorch.check import project
+from safetorch.check.engine import Diagnostic
+from safetorch.check.runner import check_paths
+
+
+def write_project(root: Path, files: Dict[str, str]) -> None:
+    """``files`` (relative path -> text, dedented) under ``root``, with ``setup.py`` marking
+    the root."""
+    (root / "setup.py").write_text("")
+    for name, text in files.items():
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(textwrap.dedent(text).lstrip())
+
+
+def project_findings(root: Path, code: str) -> Dict[str, List[Diagnostic]]:
+    """relative path -> the findings of rule ``code`` in that file of the project."""
+    found: Dict[str, List[Diagnostic]] = {}
+    for result in check_paths([str(root)], [code]):
+        rel = Path(result.path).relative_to(root).as_posix()
+        found[rel] = [d for d in result.diagnostics if d.code == code]
+    return found
+
+
+def fresh_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, modules: Iterable[str]
+) -> Iterator[None]:
+    """Run from the project's root with it importable, ``modules`` not yet imported, and no
+    project remembered from another test (the body of an autouse fixture)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in modules:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    project.clear()
+    yield
+    project.clear()
+    for name in modules:  # what the test imported from its project (monkeypatch restores
+        sys.modules.pop(name, None)  # what was there before)
