@@ -9,9 +9,8 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import import_edit
-from safetorch.check.rules import _load_fix
+from safetorch.check.rules import _load_fix, _map_location
 from safetorch.check.rules import _load_flow as flow
-from safetorch.check.rules import _map_location
 from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
