@@ -424,9 +424,9 @@ def test_without_custom_ops_the_check_still_raises_when_compiled(
 ) -> None:
     """torch 2.0-2.3 (no torch.library.custom_op): no fullgraph, but the check runs at a graph
     break and its error path keeps safetorch's error instead of tracing the CPU stand-in."""
-    from safetorch import tensor as st_tensor
+    from safetorch import _index_compile
 
-    monkeypatch.setattr(st_tensor, "_checked_ranges_op", None)
+    monkeypatch.setattr(_index_compile, "_checked_ranges_op", None)
     if op == "deferred":  # the deferred record runs outside the graph too
         fn = DEFERRED["checked_index"]
         compiled = torch.compile(fn, backend="eager")
