@@ -122,13 +122,16 @@ def _zero_bad(t: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
 
 
 def _fill_tensor(fill: Any, out: torch.Tensor) -> torch.Tensor:
-    """``fill`` as a 0-d tensor of ``out``'s dtype on ``out``'s device, without a host sync.
+    """``fill`` (None: the mode's default for the dtype) as a 0-d tensor of ``out``'s dtype on
+    ``out``'s device, without a host sync.
 
     ``torch.as_tensor(3.0, device="cuda")`` builds the value on the host and copies it to the
     device from pageable memory, a synchronizing copy; ``torch.full`` launches a fill kernel.
     """
     if isinstance(fill, _Tensor):
         return fill.to(device=out.device, dtype=out.dtype)  # the caller's tensor, as given
+    if fill is None:  # (not before the tensor test: dynamo 2.1 cannot trace `tensor is None`)
+        fill = _default_fill(out.dtype)
     try:
         return torch.full((), fill, dtype=out.dtype, device=out.device)
     except TypeError:  # not a scalar (a nested list, ...): torch.as_tensor judges it

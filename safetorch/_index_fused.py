@@ -15,7 +15,7 @@ import functools
 import itertools
 import math
 import threading
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -33,7 +33,7 @@ from safetorch._index_checks import (
     raise_deferred,
 )
 from safetorch._index_compile import _COMPILED_SITE_KEY, _OPS, _SELECT_OPS, _route
-from safetorch._index_parse import _getitem, _oob_message, _raise_like_cpu, _Tensor
+from safetorch._index_parse import IndexMode, _getitem, _oob_message, _raise_like_cpu, _Tensor
 from safetorch.errors import IndexOutOfBoundsError
 
 __all__: List[str] = []  # private: safetorch.tensor is the only caller
@@ -311,10 +311,11 @@ def _fused_op_eager(x: torch.Tensor, index: torch.Tensor, op: str, dim: int, mod
     if plan is None:  # a shape the trace did not see (dynamic shapes): the torch path
         from safetorch.tensor import checked_index, gather, index_select
 
+        checked_mode = cast(IndexMode, mode)  # the op's schema takes a str
         if op == "getitem":
-            return checked_index(x, (_FULL,) * dim + (index,), mode=mode, check="always")
+            return checked_index(x, (_FULL,) * dim + (index,), mode=checked_mode, check="always")
         public = index_select if op == "index_select" else gather
-        return public(x, dim, index, mode=mode, check="always")
+        return public(x, dim, index, mode=checked_mode, check="always")
     key = _COMPILED_SITE_KEY
     site = _site_id(key, f"{key[0]} {key[2]}") if mode == "deferred" else 0
     return _fused_forward(plan, x, index, dim, mode, 0, site)

@@ -7,7 +7,7 @@ and the CPU stand-in that makes a checked call raise CPU torch's own error, word
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Literal, Optional, Tuple, get_args
 
 import torch
 
@@ -23,9 +23,18 @@ _index_select = torch.index_select
 _gather = torch.gather
 _Tensor = torch.Tensor
 
-MODES = ("raise", "clip", "wrap", "fill", "deferred")
-_INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
-_MASK_DTYPES = frozenset({torch.bool, torch.uint8})
+#: ``mode=`` of ``checked_index`` / ``index_select`` / ``gather`` (see safetorch.tensor).
+IndexMode = Literal["raise", "clip", "wrap", "fill", "deferred"]
+#: ``check=``: a per-call override of the device policy (``st.set_index_check``'s values).
+IndexCheck = Literal["auto", "always", "never"]
+MODES: Tuple[str, ...] = get_args(IndexMode)
+# Tuples, not frozensets: dynamo 2.1 cannot trace ``dtype in frozenset`` (it can ``in tuple``).
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+# Traced by torch.compile: dynamo 2.1 cannot compare a tensor with ``is`` (``t is None``,
+# ``t is Ellipsis``: Unsupported), so a value that may be a tensor is tested with isinstance()
+# first, and an optional tensor with ``isinstance(t, _Tensor)`` rather than ``t is not None``.
 
 
 # --- index parsing -------------------------------------------------------------------------
@@ -43,8 +52,7 @@ def _treat_sequence_as_tuple(index: Any) -> bool:
     if len(index) >= 32:
         return False
     return any(
-        isinstance(item, (_Tensor, list, tuple, slice)) or item is Ellipsis or item is None
-        for item in index
+        isinstance(item, (_Tensor, list, tuple, slice)) or _is_marker(item) for item in index
     )
 
 
@@ -74,6 +82,11 @@ class _Adv:
         return (int(self.tensor.count_nonzero()),)
 
 
+def _is_marker(it: Any) -> bool:
+    """``it`` is None or Ellipsis (``it`` is not a tensor: see the note above)."""
+    return it is None or it is Ellipsis
+
+
 def _as_index_tensor(item: Any) -> Optional[torch.Tensor]:
     """A list index as a CPU tensor (for host-side checks), or None if it is not numeric."""
     try:
@@ -88,7 +101,7 @@ def _mask_of(it: Any) -> Optional[torch.Tensor]:
         return it if it.dtype in _MASK_DTYPES else None
     if isinstance(it, list):
         t = _as_index_tensor(it)
-        return t if t is not None and t.dtype == torch.bool else None
+        return t if isinstance(t, _Tensor) and t.dtype == torch.bool else None
     return None
 
 
@@ -103,14 +116,33 @@ def _parse(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], List[int]]:
     shape = x.shape
     consumed = 0
     for it in items:
-        if it is None or it is Ellipsis or isinstance(it, bool):
-            continue
-        mask = _mask_of(it)
-        consumed += mask.dim() if mask is not None else 1
+        if isinstance(it, (_Tensor, list)):
+            mask = _mask_of(it)
+            consumed += mask.dim() if isinstance(mask, _Tensor) else 1
+        elif not (isinstance(it, bool) or _is_marker(it)):
+            consumed += 1
     advs: List[_Adv] = []
     produced: List[int] = []
     dim = 0
     for pos, it in enumerate(items):
+        if isinstance(it, (_Tensor, list)):
+            produced.append(0)
+            mask = _mask_of(it)
+            if isinstance(mask, _Tensor):
+                _check_mask_shape(mask, shape, dim)
+                advs.append(_Adv(pos, mask, dim, 0, "mask"))
+                dim += mask.dim()
+                continue
+            t = it if isinstance(it, _Tensor) else _as_index_tensor(it)
+            if not isinstance(t, _Tensor) or t.dtype not in _INT_DTYPES or dim >= len(shape):
+                # float index, non-numeric list, too many indices: torch raises its own error
+                dim += 1
+                continue
+            if t.device != x.device and t.device.type != "cpu":
+                _device_mismatch("x[index]", x, t)
+            advs.append(_Adv(pos, t, dim, shape[dim], "int"))
+            dim += 1
+            continue
         if isinstance(it, bool):
             produced.append(0)
             advs.append(_Adv(pos, it, dim, 0, "bool"))
@@ -125,23 +157,6 @@ def _parse(x: torch.Tensor, index: Any) -> Tuple[tuple, List[_Adv], List[int]]:
             dim += skip
             continue
         produced.append(0)
-        if isinstance(it, (_Tensor, list)):
-            mask = _mask_of(it)
-            if mask is not None:
-                _check_mask_shape(mask, shape, dim)
-                advs.append(_Adv(pos, mask, dim, 0, "mask"))
-                dim += mask.dim()
-                continue
-            t = it if isinstance(it, _Tensor) else _as_index_tensor(it)
-            if t is None or t.dtype not in _INT_DTYPES or dim >= len(shape):
-                # float index, non-numeric list, too many indices: torch raises its own error
-                dim += 1
-                continue
-            if t.device != x.device and t.device.type != "cpu":
-                _device_mismatch("x[index]", x, t)
-            advs.append(_Adv(pos, t, dim, shape[dim], "int"))
-            dim += 1
-            continue
         if _is_int_like(it) and dim < len(shape):
             i = int(it.__index__())
             n = shape[dim]
@@ -253,7 +268,8 @@ def _fill_layout(items: tuple, advs: List[_Adv], produced: List[int]) -> int:
     positions = [a.pos for a in advs]
     first, last = min(positions), max(positions)
     adjacent = all(
-        not (items[p] is None or isinstance(items[p], slice) or items[p] is Ellipsis)
+        isinstance(items[p], (_Tensor, list))
+        or not (isinstance(items[p], slice) or _is_marker(items[p]))
         for p in range(first, last + 1)
     )
     return sum(produced[:first]) if adjacent else 0

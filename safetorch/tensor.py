@@ -41,7 +41,7 @@ before the kernel, the index maps of clip / wrap / fill and the deferred record)
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, TypeVar, cast
 
 import torch
 
@@ -50,7 +50,6 @@ from safetorch._index_checks import (
     _call_site,
     _check_getitem,
     _check_select,
-    _default_fill,
     _fill_tensor,
     _out_of_range,
     _record,
@@ -71,6 +70,8 @@ from safetorch._index_compile import (
 from safetorch._index_fused import _fused_call, _fused_getitem, _fused_never, _fused_on_device
 from safetorch._index_parse import (
     _INT_DTYPES,
+    IndexCheck,
+    IndexMode,
     _Adv,
     _device_mismatch,
     _fill_layout,
@@ -105,7 +106,10 @@ def _detach_clone(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone()
 
 
-def safe_copy(obj: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def safe_copy(obj: _T) -> _T:
     """Copy tensors out of the autograd graph into new memory: ``detach().clone()``.
 
     ======================  ===========  ===================
@@ -125,7 +129,8 @@ def safe_copy(obj: Any) -> Any:
         obj: A tensor or nested structure (e.g. ``model.state_dict()``).
 
     Returns:
-        The copy: same dtype/device/layout/strides, ``requires_grad=False``.
+        The copy, of the type given: same dtype/device/layout/strides,
+        ``requires_grad=False``.
 
     >>> import torch, safetorch as st
     >>> w = torch.ones(2, requires_grad=True)
@@ -134,10 +139,11 @@ def safe_copy(obj: Any) -> Any:
     (False, True, 3)
     """
     if isinstance(obj, _Tensor):
-        return obj.detach().clone()
+        return cast(_T, obj.detach().clone())
     import copy
 
-    return map_tensors(_detach_clone, obj, copy.deepcopy)
+    out: _T = map_tensors(_detach_clone, obj, copy.deepcopy)  # the same structure and types
+    return out
 
 
 # --- which path a checked call takes ---------------------------------------------------------
@@ -156,7 +162,7 @@ def _bind_fused() -> None:
 def _checked_getitem_raise(x: torch.Tensor, index: Any) -> torch.Tensor:
     route = _route()
     if route == _OUTSIDE:
-        return _compat.run_eagerly(_checked_getitem_raise, x, index)
+        return _getitem_raise_outside(x, index)
     items, advs, _ = _parse_like_cpu(x, index)
     ints = [a for a in advs if a.kind == "int" and a.tensor.numel()]
     if route == _OPS:
@@ -181,9 +187,9 @@ def checked_index(
     x: torch.Tensor,
     index: Any,
     *,
-    mode: str = "raise",
+    mode: IndexMode = "raise",
     fill_value: Any = None,
-    check: Optional[str] = None,
+    check: Optional[IndexCheck] = None,
 ) -> torch.Tensor:
     """``x[index]`` that never launches an indexing kernel with an out-of-range index.
 
@@ -266,7 +272,7 @@ def _getitem_modes(
     route = _route() if mode == "deferred" else _EAGER
     if route == _OUTSIDE:
         args = (x, items, advs, ints, produced, mode, fill_value)
-        return _compat.run_eagerly(_getitem_modes, *args)
+        return _getitem_modes_outside(*args)
     new_items = list(items)
     empty_dims = [a for a in ints if a.size == 0]
     if empty_dims and mode != "fill":
@@ -292,7 +298,7 @@ def _getitem_modes(
         if mode == "deferred":
             _record(t, b, a.dim, a.size, site)
         else:
-            bad = b if bad is None else bad | b
+            bad = bad | b if isinstance(bad, _Tensor) else b
         new_items[a.pos] = _zero_bad(t, b)
     if mode == "fill" and empty_dims:
         # Some dimension is empty: pad it with one slab (cheap: that dimension is empty)
@@ -304,7 +310,7 @@ def _getitem_modes(
     out = _getitem(x, tuple(new_items))
     if mode != "fill":
         return out
-    assert bad is not None
+    assert isinstance(bad, _Tensor)
     others = [a.broadcast_shape() for a in advs if a.kind != "int"]
     if others:
         # Masks contribute their nonzero() counts (torch syncs for them anyway) and Python
@@ -312,8 +318,7 @@ def _getitem_modes(
         bad = bad.expand(torch.broadcast_shapes(bad.shape, *others))
     start = _fill_layout(items, advs, produced)
     view = [1] * start + list(bad.shape) + [1] * (out.dim() - start - bad.dim())
-    fill = _default_fill(out.dtype) if fill_value is None else fill_value
-    return torch.where(bad.reshape(view), _fill_tensor(fill, out), out)
+    return torch.where(bad.reshape(view), _fill_tensor(fill_value, out), out)
 
 
 def _normalize_dim(x: torch.Tensor, dim: int) -> Optional[Tuple[int, int]]:
@@ -352,7 +357,7 @@ def _select_like(
     route = _route() if mode == "raise" or mode == "deferred" else _EAGER
     if route == _OUTSIDE:
         args = (op, torch_op, x, dim, index, mode, fill_value, extra)
-        return _compat.run_eagerly(_select_like, *args)
+        return _select_like_outside(*args)
     if mode == "raise":
         if route == _OPS:
             assert _checked_select_op is not None
@@ -366,30 +371,29 @@ def _select_like(
         )
     bad = _out_of_range(index, 0, n) if mode in ("fill", "deferred") else None
     if route == _OPS:  # deferred
-        assert _deferred_op is not None and bad is not None
+        assert _deferred_op is not None and isinstance(bad, _Tensor)
         return torch_op(x, dim, _deferred_op(index, bad, d, n), **extra)
     if mode == "deferred":
-        assert bad is not None
+        assert isinstance(bad, _Tensor)
         _record(index, bad, d, n, _call_site())
     if n == 0:  # fill into an empty dimension: every position is fill_value
         pad_shape = list(x.shape) if x.dim() else [1]
         pad_shape[d] = 1
         x = torch.cat([x, x.new_zeros(pad_shape)], dim=d)
         safe = torch.zeros_like(index)
-    elif bad is None:
+    elif not isinstance(bad, _Tensor):
         safe = _transform(index, 0, n, mode)
     else:
         safe = _zero_bad(index, bad)
     out = torch_op(x, dim, safe, **extra)
     if mode != "fill":
         return out
-    assert bad is not None
+    assert isinstance(bad, _Tensor)
     if op == "index_select" and out.dim():
         view = [1] * out.dim()
         view[d] = -1
         bad = bad.reshape(view)
-    fill = _default_fill(out.dtype) if fill_value is None else fill_value
-    return torch.where(bad, _fill_tensor(fill, out), out)
+    return torch.where(bad, _fill_tensor(fill_value, out), out)
 
 
 def index_select(
@@ -397,9 +401,9 @@ def index_select(
     dim: int,
     index: torch.Tensor,
     *,
-    mode: str = "raise",
+    mode: IndexMode = "raise",
     fill_value: Any = None,
-    check: Optional[str] = None,
+    check: Optional[IndexCheck] = None,
 ) -> torch.Tensor:
     """``torch.index_select(x, dim, index)`` checked before the kernel where needed.
 
@@ -447,9 +451,9 @@ def gather(
     index: torch.Tensor,
     *,
     sparse_grad: bool = False,
-    mode: str = "raise",
+    mode: IndexMode = "raise",
     fill_value: Any = None,
-    check: Optional[str] = None,
+    check: Optional[IndexCheck] = None,
 ) -> torch.Tensor:
     """``torch.gather(x, dim, index)`` checked before the kernel where needed.
 
@@ -490,3 +494,17 @@ def gather(
     except (AttributeError, TypeError):
         _not_a_tensor("gather", x=x, index=index)  # free on the normal path
         raise
+
+
+# Tracing without custom ops (torch 2.0-2.3): these run outside the graph, at a graph break.
+_getitem_raise_outside: Any = None
+_getitem_modes_outside: Any = None
+_select_like_outside: Any = None
+
+
+@_compat.register_binder
+def _bind_outside() -> None:
+    global _getitem_raise_outside, _getitem_modes_outside, _select_like_outside
+    _getitem_raise_outside = _compat.eager_only(_checked_getitem_raise)
+    _getitem_modes_outside = _compat.eager_only(_getitem_modes)
+    _select_like_outside = _compat.eager_only(_select_like)

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import safetorch as st
-from safetorch import _compat, _device
-from safetorch import _index_checks, _index_parse
+from safetorch import _compat, _device, _index_checks, _index_parse
 
 # --- fast path ------------------------------------------------------------------------------
 
