@@ -10,14 +10,15 @@ channels, shape bucket, threads) and caches the choice process-wide.
 
 Two paths through ``forward``:
 
-- eager: one dict lookup on the exact input signature (the per-instance memo); a miss asks the
-  process-wide cache, which measures the first time a key is seen. Every shape is measured,
+- eager: one dict lookup on the input's shape (the per-instance memo; ``.to()`` clears it); a
+  miss asks the process-wide cache (keyed on device, dtype, channels, shape bucket, contiguity,
+  grad mode and threads), which measures the first time a key is seen. Every shape is measured,
   small ones too (a few milliseconds, once): at 4x32x64 -> 64 on a 2-thread CPU linear runs
   2.4x faster than conv, on 1 thread conv 1.3x faster than linear, so no fixed rule fits.
 - traced (``torch.compile``, ``torch.export``): nothing is timed and nothing depends on the
   input's sizes (a size in a lookup would specialize a dynamic dimension, one recompile per
-  size); the graph gets this instance's latest eager choice for the input's device and dtype,
-  else conv, ``nn.Conv1d``'s own kernel.
+  size); the graph gets this instance's latest eager choice for its parameters' device and
+  dtype, else conv, ``nn.Conv1d``'s own kernel.
 """
 
 from __future__ import annotations
@@ -158,15 +159,17 @@ class PointwiseConv1d(torch.nn.Conv1d):
     channels, power-of-two bucket of batch and length, contiguity, grad mode, CPU threads),
     caches the winner process-wide (thread-safe) and uses it from then on; every shape is
     measured, small ones included, on CPU and CUDA (other devices use conv). After the first
-    call with a given input signature, choosing costs one dict lookup. The linear path returns
+    call with a given input shape, choosing costs one dict lookup (the first decision for a
+    shape holds for that instance, also if grad mode or contiguity change later). The linear
+    path returns
     a transposed view (the strides of a ``(B, L, C_out)`` tensor): call ``.contiguous()``
     before ``.view()`` on its output, and chain pointwise layers freely (the next one reads it
     without a copy). After ``torch.set_num_threads`` call :meth:`clear_autotune_cache` so
     that instances measure again.
 
     Under ``torch.compile`` (``fullgraph=True`` included) and ``torch.export`` nothing is
-    timed: the traced graph uses this instance's latest eager choice for the input's device
-    and dtype, else conv. Run the model once eagerly before compiling it to trace the measured
+    timed: the traced graph uses this instance's latest eager choice for its parameters'
+    device and dtype, else conv. Run the model once eagerly before compiling it to trace the measured
     choice; the choice does not depend on the input's sizes there, so dynamic shapes stay
     dynamic.
 
