@@ -10,7 +10,8 @@ For each B x C_in x L -> C_out shape, three modules with the same weights run th
 - and, as an A/A control, a second ``nn.Conv1d`` timed against the first: its distance from
   1.00x is the noise floor of that row (on a shared machine it is not small).
 
-Target (issue 16 item 9): PointwiseConv1d >= 0.95x the faster of the two at every shape.
+Target (issue 16 item 9, issue 35 item 4): PointwiseConv1d >= 0.95x the faster of the two at
+every shape. The last table ("auto adds") is the per-call cost of the dispatch itself.
 
 Rounds interleave the three candidates; each round times ``number`` calls of each, and the
 ratios are the medians of the per-round ratios (on a shared machine a single min() is at the

@@ -138,6 +138,18 @@ HAS_COMPILER_IS_COMPILING: bool = _flag(
     "torch/compiler/__init__.py",
     "hasattr(torch.compiler, 'is_compiling')",
 )
+# torch._utils.is_compiling: False when called, folded to True by dynamo while it traces (one of
+# dynamo's constant_functions, torch/_dynamo/config.py, 2.1 and 2.2); the tracing test of torch
+# 2.1/2.2 (before torch.compiler.is_compiling), without importing torch._dynamo. Dynamo 2.1
+# cannot trace the fallback's `sys.modules.get(...) is not None` ("comparison
+# PythonModuleVariable() is_not ConstantVariable(NoneType)").
+HAS_UTILS_IS_COMPILING: bool = _flag(
+    "HAS_UTILS_IS_COMPILING",
+    hasattr(torch._utils, "is_compiling"),
+    "2.1",
+    "torch/_utils.py is_compiling; torch/_dynamo/config.py constant_functions",
+    "hasattr(torch._utils, 'is_compiling')",
+)
 # trace_rules.py replaced allowed_functions.py: dynamo looks torch functions up by object
 # (through __wrapped__), so it treats a monkeypatch wrapper like the function it wraps; 2.0/2.1
 # look them up by id() and need allow_in_graph(wrapper). Detected by the file, because
@@ -324,13 +336,14 @@ def _compile_session() -> bool:
     return context is not None and context.current_compile_id() is not None
 
 
-def _dynamo_is_compiling() -> bool:  # torch 2.0-2.2; never imports dynamo itself
+def _dynamo_is_compiling() -> bool:  # torch 2.0; never imports dynamo itself
     dynamo = sys.modules.get("torch._dynamo")
     return dynamo is not None and bool(dynamo.is_compiling())
 
 
 #: ``tracing()``: whether dynamo is tracing the calling frame (torch.compiler.is_compiling, which
-#: dynamo folds to True; dynamo's own flag on 2.0-2.2). Cheap: hot paths ask this one.
+#: dynamo folds to True; torch._utils.is_compiling on 2.1-2.2, dynamo's own flag on 2.0). Cheap:
+#: hot paths ask this one.
 tracing: Callable[[], bool] = _never_compiling
 
 
@@ -372,6 +385,27 @@ def run_eagerly(fn: Callable[..., Any], *args: Any) -> Any:
     return eager(*args)
 
 
+def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a function dynamo never traces: called from a traced frame, the graph breaks
+    and ``fn`` runs with real values. Call it from a binder (:func:`register_binder`), once.
+
+    Where dynamo can trace checked code without custom ops (torch 2.0-2.3) this is
+    ``torch._dynamo.disable(fn)``, made now: dynamo 2.1 cannot trace the lazy look-up of
+    :func:`run_eagerly` (``dict.get`` keyed by a function), so dynamo is imported once, at
+    bind time, on those releases only. Elsewhere that path runs only where a test removes the
+    custom ops, and :func:`run_eagerly` (no import before the first trace) serves.
+    """
+    if HAS_COMPILE and not HAS_CUSTOM_OP:
+        import torch._dynamo  # torch 2.0-2.3 only: ~0.6 s, once
+
+        return torch._dynamo.disable(fn)
+
+    def run(*args: Any) -> Any:
+        return run_eagerly(fn, *args)
+
+    return run
+
+
 #: ``register_with_dynamo(wrapper)``: make a monkeypatch wrapper of a torch function traceable.
 #: dynamo >= 2.2 looks torch functions up by object (trace_rules, through ``__wrapped__``) and
 #: needs nothing; 2.0/2.1 look them up by id() and need ``allow_in_graph(wrapper)``.
@@ -385,7 +419,12 @@ def _bind_compiling() -> None:
         register_with_dynamo = _no_registration
         return
     compiler: Any = getattr(torch, "compiler", None)
-    tracing = compiler.is_compiling if HAS_COMPILER_IS_COMPILING else _dynamo_is_compiling
+    if HAS_COMPILER_IS_COMPILING:
+        tracing = compiler.is_compiling
+    elif HAS_UTILS_IS_COMPILING:
+        tracing = torch._utils.is_compiling
+    else:
+        tracing = _dynamo_is_compiling
     compiling = _compiling_any
     register_with_dynamo = _no_registration if DYNAMO_HAS_TRACE_RULES else _allow_in_graph
 

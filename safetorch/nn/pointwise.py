@@ -10,14 +10,15 @@ channels, shape bucket, threads) and caches the choice process-wide.
 
 Two paths through ``forward``:
 
-- eager: one dict lookup on the exact input signature (the per-instance memo); a miss asks the
-  process-wide cache, which measures the first time a key is seen. Every shape is measured,
+- eager: one dict lookup on the input's shape (the per-instance memo; ``.to()`` clears it); a
+  miss asks the process-wide cache (keyed on device, dtype, channels, shape bucket, contiguity,
+  grad mode and threads), which measures the first time a key is seen. Every shape is measured,
   small ones too (a few milliseconds, once): at 4x32x64 -> 64 on a 2-thread CPU linear runs
   2.4x faster than conv, on 1 thread conv 1.3x faster than linear, so no fixed rule fits.
 - traced (``torch.compile``, ``torch.export``): nothing is timed and nothing depends on the
   input's sizes (a size in a lookup would specialize a dynamic dimension, one recompile per
-  size); the graph gets this instance's latest eager choice for the input's device and dtype,
-  else conv, ``nn.Conv1d``'s own kernel.
+  size); the graph gets this instance's latest eager choice for its parameters' device and
+  dtype, else conv, ``nn.Conv1d``'s own kernel.
 """
 
 from __future__ import annotations
@@ -55,7 +56,17 @@ _ROUNDS = 11
 # dtype: nn.Conv1d's own kernel (one op, no transposes for the compiler to place).
 _TRACED_DEFAULT = "conv"
 
+
+#: ``_compat.tracing``, bound here (and re-bound by ``_compat.override``): one global read per
+#: call instead of a module attribute lookup.
+_tracing = _compat.tracing
 _grad_enabled = torch.is_grad_enabled
+
+
+@_compat.register_binder
+def _bind_tracing() -> None:
+    global _tracing
+    _tracing = _compat.tracing
 
 
 # --- the two candidates and their measurement -------------------------------------------------
@@ -148,15 +159,17 @@ class PointwiseConv1d(torch.nn.Conv1d):
     channels, power-of-two bucket of batch and length, contiguity, grad mode, CPU threads),
     caches the winner process-wide (thread-safe) and uses it from then on; every shape is
     measured, small ones included, on CPU and CUDA (other devices use conv). After the first
-    call with a given input signature, choosing costs one dict lookup. The linear path returns
+    call with a given input shape, choosing costs one dict lookup (the first decision for a
+    shape holds for that instance, also if grad mode or contiguity change later). The linear
+    path returns
     a transposed view (the strides of a ``(B, L, C_out)`` tensor): call ``.contiguous()``
     before ``.view()`` on its output, and chain pointwise layers freely (the next one reads it
     without a copy). After ``torch.set_num_threads`` call :meth:`clear_autotune_cache` so
     that instances measure again.
 
     Under ``torch.compile`` (``fullgraph=True`` included) and ``torch.export`` nothing is
-    timed: the traced graph uses this instance's latest eager choice for the input's device
-    and dtype, else conv. Run the model once eagerly before compiling it to trace the measured
+    timed: the traced graph uses this instance's latest eager choice for its parameters'
+    device and dtype, else conv. Run the model once eagerly before compiling it to trace the measured
     choice; the choice does not depend on the input's sizes there, so dynamic shapes stay
     dynamic.
 
@@ -202,10 +215,23 @@ class PointwiseConv1d(torch.nn.Conv1d):
             in_channels, out_channels, kernel_size=1, bias=bias, device=device, dtype=dtype
         )
         self.impl = impl
-        # Per-instance memo of the process-wide decisions. Two kinds of keys (see forward):
-        # the exact eager input signature, and (device, dtype, generation) -> the latest
-        # eager choice, which is what a traced forward uses.
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop every per-instance decision (a new instance, a copy, a cleared cache)."""
+        # input.shape -> "conv" | "linear": the eager hot path's one lookup. The process-wide
+        # cache decided it for the full key (_key: device, dtype, contiguity, grad mode, ...);
+        # this memo is keyed on the shape alone (the module's device and dtype are fixed
+        # between .to() calls, see _apply), so a call pays one hash of a torch.Size.
         self._memo: Dict[Hashable, str] = {}
+        # (device, dtype) -> the latest eager choice; _traced_impl is the one for the
+        # parameters' device and dtype: a plain attribute, which is all a traced forward reads
+        # (dynamo guards on its value; 2.1 cannot trace a lookup in this dict).
+        self._traced_choices: Dict[Hashable, str] = {}
+        self._traced_impl = _TRACED_DEFAULT
+        self._generation = _generation
+        # (weight, its data_ptr, its 2-D view) for the linear path without grad
+        self._weight_2d: Optional[Tuple[torch.Tensor, int, torch.Tensor]] = None
 
     @property
     def impl(self) -> str:
@@ -221,58 +247,80 @@ class PointwiseConv1d(torch.nn.Conv1d):
         self._impl = value
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight, self.bias
         impl = self._impl
         if impl == "auto":
-            if not _compat.tracing():  # torch.compile / torch.export trace the else branch
-                # The hot path: one lookup. A memoized signature passed the shape check in
-                # _decide, so it is not repeated here.
-                sig = (
-                    input.shape,
-                    input.dtype,
-                    input.device,
-                    input.is_contiguous(),
-                    _grad_enabled() and weight.requires_grad,
-                    _generation,
-                )
-                impl = self._memo.get(sig) or self._decide(sig, input, weight, bias)
+            if not _tracing():  # torch.compile / torch.export trace the else branch
+                # The hot path: a generation test and one lookup. A memoized shape passed the
+                # shape check in _decide, so it is not repeated here.
+                if self._generation != _generation:  # clear_autotune_cache() since
+                    self._forget()
+                impl = self._memo.get(input.shape) or self._decide(input)
                 if impl == "linear":
-                    return _linear(input, weight, bias)
-                return F.conv1d(input, weight, bias)
+                    if _grad_enabled():
+                        return _linear(input, self.weight, self.bias)
+                    return self._linear_no_grad(input)
+                return F.conv1d(input, self.weight, self.bias)
             # Traced: no timing, and no size in the lookup (it would specialize dynamic dims).
-            impl = self._memo.get((input.device, input.dtype, _generation), _TRACED_DEFAULT)
+            # Both values read here are guarded: a new eager choice or a cleared cache traces
+            # again.
+            impl = self._traced_impl if self._generation == _generation else _TRACED_DEFAULT
         if impl == "linear" and input.dim() in (2, 3) and input.shape[-2] == self.in_channels:
-            return _linear(input, weight, bias)
-        return F.conv1d(input, weight, bias)  # conv, and wrong shapes: conv's own error
+            return _linear(input, self.weight, self.bias)
+        return F.conv1d(input, self.weight, self.bias)  # conv, and wrong shapes: conv's own error
 
-    def _decide(
-        self,
-        sig: Tuple[Any, ...],
-        input: torch.Tensor,
-        weight: torch.Tensor,
-        bias: Optional[torch.Tensor],
-    ) -> str:
+    def _linear_no_grad(self, input: torch.Tensor) -> torch.Tensor:
+        """The linear path without autograd, through a cached 2-D view of the weight.
+
+        ``weight.squeeze(-1)`` costs about 1 us per call (a Python-level view), which is most of
+        what linear's path pays over ``nn.Linear`` at small shapes. The view is reused while it
+        is a view of the same parameter's same storage: in-place updates (optimizer steps,
+        ``load_state_dict``) show through it; ``weight.data = ...`` (a new storage: the cached
+        view keeps the old one alive, so an equal address means the same storage) or a new
+        parameter builds it again. Only without grad: a view made once would carry autograd
+        state across steps.
+        """
+        weight = self.weight
+        cached = self._weight_2d
+        if cached is None or cached[0] is not weight or cached[1] != weight.data_ptr():
+            # Made without grad (this path's condition): measured 2x faster in F.linear on torch
+            # 2.13 CPU than weight.detach().squeeze(-1) at 16x1024x16 -> 1024.
+            cached = self._weight_2d = (weight, weight.data_ptr(), weight.squeeze(-1))
+        out: torch.Tensor = F.linear(input.transpose(-1, -2), cached[2], self.bias)
+        return out.transpose(-1, -2)
+
+    def _decide(self, input: torch.Tensor) -> str:
         """The memo's miss path (eager only): check the shape, ask the process-wide cache."""
         if input.dim() not in (2, 3) or input.shape[-2] != self.in_channels:
             return "conv"  # not memoized: conv raises its own error
-        impl = _choose(input, weight, bias)
+        impl = _choose(input, self.weight, self.bias)
         memo = self._memo
         if len(memo) >= _MEMO_MAX:
             memo.clear()
-        memo[sig] = impl
-        # sig[-1] is the generation the signature was built in; this entry is what a traced
-        # forward reads (the latest choice for the device and dtype).
-        memo[(input.device, input.dtype, sig[-1])] = impl
+        memo[input.shape] = impl
+        # What a traced forward uses: the latest eager choice (for this device and dtype).
+        self._traced_choices[(input.device, input.dtype)] = impl
+        self._traced_impl = impl
         return impl
 
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # .to() / .double() / .cuda() / ...: the memo's decisions were for the old device or
+        # dtype; a traced forward takes the choice made for the new one, if any.
+        out = super()._apply(fn, *args, **kwargs)
+        self._memo = {}
+        self._weight_2d = None
+        weight = self.weight
+        key = (weight.device, weight.dtype)
+        self._traced_impl = self._traced_choices.get(key, _TRACED_DEFAULT)
+        return out
+
     def __getstate__(self) -> Dict[str, Any]:
-        # Copies and pickles start with an empty memo: its choices belong to this process's
+        # Copies and pickles start with empty memos: their choices belong to this process's
         # cache generation and machine, not to wherever the copy runs.
         # nn.Module's own (torch 2.x: it drops the compiled call), else object's (Python 3.11+);
         # torch 1.13 on Python 3.9 has neither.
         getstate = getattr(super(), "__getstate__", None)
         state = dict(getstate() if getstate is not None else self.__dict__)
-        state["_memo"] = {}
+        state.update(_memo={}, _traced_choices={}, _traced_impl=_TRACED_DEFAULT, _weight_2d=None)
         return state
 
     def extra_repr(self) -> str:

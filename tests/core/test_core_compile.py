@@ -30,6 +30,16 @@ pytestmark = pytest.mark.skipif(not _compat.HAS_COMPILE, reason="torch.compile n
 
 BACKENDS = ["eager", "aot_eager"]
 
+# Dynamo 2.1 reads a module attribute from the module's __dict__ (builtin.py call_getattr), so
+# a name that `import safetorch` binds lazily (PEP 562 __getattr__) and that is first used
+# inside a compiled function fails there (InternalTorchDynamoError: the name). The names these
+# tests compile are bound here, as any eager use binds them; the lazy binding is
+# safetorch/__init__.py's, outside what these tests are about.
+for _name in ("checked_index", "index_select", "gather", "safe_copy", "upsample"):
+    getattr(st, _name)
+for _name in ("upsample_nearest", "upsample_bilinear", "Upsample", "SyncBatchNorm"):
+    getattr(st, _name)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
@@ -407,10 +417,17 @@ class _Head(nn.Module):
 def test_inductor_fullgraph_matches_eager() -> None:
     # The default backend: compiles C++ kernels, ~20 s on a 2-core machine.
     torch.manual_seed(0)
+    rows = torch.tensor([8, 0, -1, 3])
+    y = torch.randn(2, 3, 9, 11)
+    plain = torch.compile(lambda t: t[:, :, rows], fullgraph=True)(y)
+    if not torch.equal(plain, y[:, :, rows]):
+        # torch 2.1's CPU inductor reads a negative tensor index without wrapping it (plain
+        # x[:, :, rows], no safetorch involved; pytorch/pytorch#97365, #109019, fixed by #108690)
+        pytest.xfail("this torch's inductor miscompiles negative tensor indices on CPU")
+    torch._dynamo.reset()
     eager = _Head()
     module = copy.deepcopy(eager)
     compiled = torch.compile(module, fullgraph=True)
-    rows = torch.tensor([8, 0, -1, 3])
     for _ in range(2):
         x = torch.randn(2, 3, 4, 5)
         torch.testing.assert_close(compiled(x, rows), eager(x, rows))
@@ -424,9 +441,9 @@ def test_without_custom_ops_the_check_still_raises_when_compiled(
 ) -> None:
     """torch 2.0-2.3 (no torch.library.custom_op): no fullgraph, but the check runs at a graph
     break and its error path keeps safetorch's error instead of tracing the CPU stand-in."""
-    from safetorch import tensor as st_tensor
+    from safetorch import _index_compile
 
-    monkeypatch.setattr(st_tensor, "_checked_ranges_op", None)
+    monkeypatch.setattr(_index_compile, "_checked_ranges_op", None)
     if op == "deferred":  # the deferred record runs outside the graph too
         fn = DEFERRED["checked_index"]
         compiled = torch.compile(fn, backend="eager")

@@ -275,3 +275,55 @@ def test_copies_and_pickles_start_with_an_empty_memo(monkeypatch: pytest.MonkeyP
         assert list(clone.state_dict()) == list(conv.state_dict())
         torch.testing.assert_close(clone(x), conv(x))
     assert pw._memo  # the original keeps its own
+
+
+# --- the per-call dispatch (issue 35): memo by shape, cached 2-D weight view -------------------
+_STEPS = st_h.lists(
+    st_h.one_of(
+        st_h.tuples(st_h.just("call"), st_h.integers(1, 3), st_h.integers(1, 9), st_h.booleans()),
+        st_h.tuples(st_h.just("inplace")),
+        st_h.tuples(st_h.just("replace_data")),
+        st_h.tuples(st_h.just("dtype")),
+        st_h.tuples(st_h.just("clear")),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=_STEPS, winner=st_h.sampled_from(["conv", "linear"]))
+def test_any_sequence_of_calls_and_weight_changes_matches_conv1d(
+    steps: List[Any], winner: str
+) -> None:
+    """Whatever happened to the module since its decision (in-place updates, a new storage
+    through ``weight.data``, a dtype change, a cleared cache), each forward equals
+    ``F.conv1d`` with the module's current parameters, with and without grad."""
+    with pytest.MonkeyPatch.context() as patch:  # a fake timer: `winner` wins
+        patch.setattr(pointwise, "_time_ms", lambda impl, *a: 1.0 if impl == winner else 2.0)
+        _run_steps(steps, winner)
+
+
+def _run_steps(steps: List[Any], winner: str) -> None:
+    st.PointwiseConv1d.clear_autotune_cache()
+    pw = st.PointwiseConv1d(3, 2)
+    for step in steps:
+        if step[0] == "call":
+            _, batch, length, grad = step
+            x = torch.randn(batch, 3, length, dtype=pw.weight.dtype)
+            with torch.set_grad_enabled(grad):
+                y = pw(x)
+            expected = torch.nn.functional.conv1d(x, pw.weight.detach(), pw.bias.detach())
+            torch.testing.assert_close(y.detach(), expected)
+            assert y.requires_grad == grad
+            if length > 1:  # (B, 2, 1) is contiguous either way
+                assert y.is_contiguous() == (winner == "conv")  # the decided kernel ran
+        elif step[0] == "inplace":
+            with torch.no_grad():
+                pw.weight.mul_(-2.0).add_(0.5)
+        elif step[0] == "replace_data":
+            pw.weight.data = torch.randn_like(pw.weight)
+        elif step[0] == "dtype":
+            pw.to(torch.float64 if pw.weight.dtype == torch.float32 else torch.float32)
+        else:
+            st.PointwiseConv1d.clear_autotune_cache()

@@ -19,9 +19,12 @@ import safetorch as st
 from safetorch import _compat
 from safetorch.nn import pointwise
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2.0"
-)
+pytestmark = [
+    pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2.0"),
+    # torch 2.1's aot_autograd reads torch.has_cuda / has_cudnn / ..., which warn
+    # (torch-internal, not ours)
+    pytest.mark.filterwarnings(r"ignore:'has_\w+' is deprecated:UserWarning"),
+]
 
 BACKENDS = ["eager", "aot_eager"]
 
@@ -169,12 +172,18 @@ def test_older_torch_branches(monkeypatch: pytest.MonkeyPatch, simulate_torch: A
     x = torch.randn(2, 8, 16)
     forbid_timing(monkeypatch)
     installed = _compat.tracing
-    # torch 2.0-2.2: no torch.compiler.is_compiling; dynamo's own flag is asked instead
-    with simulate_torch(HAS_COMPILER_IS_COMPILING=False):
-        assert _compat.tracing is _compat._dynamo_is_compiling
-        y = torch.compile(pw, fullgraph=True, backend="eager")(x)
-        torch.testing.assert_close(y, conv(x))
+    # torch 2.1-2.2: no torch.compiler.is_compiling; torch._utils.is_compiling, which dynamo
+    # folds to True, is asked instead (and bound into the module's hot path)
+    if _compat.HAS_UTILS_IS_COMPILING:
+        with simulate_torch(HAS_COMPILER_IS_COMPILING=False):
+            assert _compat.tracing is pointwise._tracing is torch._utils.is_compiling
+            y = torch.compile(pw, fullgraph=True, backend="eager")(x)
+            torch.testing.assert_close(y, conv(x))
+    # torch 2.0: dynamo's own flag
+    with simulate_torch(HAS_COMPILER_IS_COMPILING=False, HAS_UTILS_IS_COMPILING=False):
+        assert _compat.tracing is pointwise._tracing is _compat._dynamo_is_compiling
+        assert not _compat.tracing()
     # torch < 2.0: nothing traces forward
     with simulate_torch(HAS_COMPILER_IS_COMPILING=False, HAS_COMPILE=False):
         assert _compat.tracing is _compat._never_compiling
-    assert _compat.tracing is installed
+    assert _compat.tracing is pointwise._tracing is installed

@@ -137,8 +137,11 @@ def test_compile_fullgraph_of_patched_ops_matches_eager(
     check: str, dynamo: str, simulate_torch: Any
 ) -> None:
     # "dynamo_2_0_to_2_1": the wrappers are registered with allow_in_graph and compiling()
-    # asks torch._dynamo.is_compiling(), as on torch 2.0/2.1.
-    old = dict(DYNAMO_HAS_TRACE_RULES=False, HAS_COMPILER_IS_COMPILING=False)
+    # asks torch._dynamo.is_compiling(), as on torch 2.0 (2.1 asks torch._utils.is_compiling,
+    # which newer torch deprecates with a warning, so it cannot be simulated here).
+    old = dict(
+        DYNAMO_HAS_TRACE_RULES=False, HAS_COMPILER_IS_COMPILING=False, HAS_UTILS_IS_COMPILING=False
+    )
     x = torch.randn(1, 2, 4, 4)
     i = torch.tensor([0, 3])
     previous = st.set_index_check(check)  # "always": the device-check path, on CPU

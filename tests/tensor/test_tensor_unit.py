@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import safetorch as st
-from safetorch import _compat, _device
-from safetorch import tensor as st_tensor
+from safetorch import _compat, _device, _index_checks, _index_parse
 
 # --- fast path ------------------------------------------------------------------------------
 
@@ -31,8 +30,8 @@ def test_cpu_auto_calls_torch_directly_without_checks(call: Any, monkeypatch: An
     def boom(*a: Any, **k: Any) -> None:
         raise AssertionError("the check path ran on CPU in auto mode")
 
-    monkeypatch.setattr(st_tensor, "_check_ranges", boom)
-    monkeypatch.setattr(st_tensor, "_parse", boom)
+    monkeypatch.setattr(_index_checks, "_check_ranges", boom)
+    monkeypatch.setattr(_index_parse, "_parse", boom)
     assert torch.equal(call(torch.arange(5), torch.tensor([4, 1])), torch.tensor([4, 1]))
     with pytest.raises((IndexError, RuntimeError)) as info:
         call(torch.arange(5), torch.tensor([5]))  # CPU torch's own error
@@ -41,8 +40,8 @@ def test_cpu_auto_calls_torch_directly_without_checks(call: Any, monkeypatch: An
 
 def test_always_mode_runs_the_check_path(index_check_always: None, monkeypatch: Any) -> None:
     calls = []
-    original = st_tensor._check_ranges
-    monkeypatch.setattr(st_tensor, "_check_ranges", lambda c: calls.append(c) or original(c))
+    original = _index_checks._check_ranges
+    monkeypatch.setattr(_index_checks, "_check_ranges", lambda c: calls.append(c) or original(c))
     with _compat.override(HAS_TRITON=False):  # the torch-op path (the fused one is tested apart)
         st.checked_index(torch.arange(5), torch.tensor([1]))
         st.index_select(torch.arange(5), 0, torch.tensor([1]))
@@ -211,7 +210,7 @@ _INT32_INDEXING = _int32_indexing()
 def test_deferred_keeps_the_first_violation_across_sites_and_dtypes(monkeypatch: Any) -> None:
     # The per-(device, dim, size, site) records are cached device constants: a tiny cache
     # bound forces rebuilding them, which must not change what is recorded.
-    monkeypatch.setattr(st_tensor, "_MAX_CACHED_ENTRIES", 1)
+    monkeypatch.setattr(_index_checks, "_MAX_CACHED_ENTRIES", 1)
     st.clear_deferred()
     x = torch.arange(12.0).reshape(3, 4)
     st.checked_index(x, (torch.tensor([0, 2]), torch.tensor([1, 3])), mode="deferred")

@@ -74,7 +74,7 @@ def _clean() -> Iterator[None]:
 
 
 class Launches:
-    """Counts kernel launches (wrapping ``_triton_index.launch``, which tensor.py looks up per
+    """Counts kernel launches (wrapping ``_triton_index.launch``, which _index_fused looks up per
     call)."""
 
     def __init__(self) -> None:
