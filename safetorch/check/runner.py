@@ -325,12 +325,13 @@ def check_file(
 
     >>> import pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp(), "m.py")
-    >>> _ = p.write_text("y = x.detach().add_(1)\\n")
+    >>> src = "def step(model, x):\\n    h = model(x)\\n    d = h.detach()\\n    d.add_(1)\\n"
+    >>> _ = p.write_text(src + "    h.sum().backward()\\n    return d\\n")
     >>> r = check_file(str(p), ["ST005"], fix=True, write=True); (r.fixed, len(r.diagnostics))
     (0, 1)
     >>> r = check_file(str(p), ["ST005"], fix=True, write=True, unsafe_fixes=True)
-    >>> r.fixed, p.read_text()
-    (1, 'y = x.detach().clone().add_(1)\\n')
+    >>> r.fixed, p.read_text().splitlines()[2]
+    (1, '    d = h.detach().clone()')
     """
     with _gc_paused():
         return _check_file(path, select, ignore, fix, write, unsafe_fixes, settings, project_root)

@@ -242,6 +242,10 @@ def test_index_cpu_fast_path_calls_torch_only(monkeypatch) -> None:
         raise AssertionError("CPU must not reach safetorch's checks")
 
     for name in ("checked_index", "index_select", "gather"):
+        # `st.<name>` binds on first access (safetorch.__getattr__): bind it to the real
+        # function before the module attribute is replaced, and patch the binding too, so that
+        # no first access inside this test keeps `boom` after monkeypatch undoes the rest.
+        monkeypatch.setattr(st, name, boom)
         monkeypatch.setattr(tensor_mod, name, boom)
     x = torch.arange(12).reshape(3, 4)
     i = torch.tensor([2, 0])
