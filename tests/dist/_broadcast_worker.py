@@ -4,18 +4,18 @@ Usage: python _broadcast_worker.py DIR ROUNDS. Each round is a whole process-gro
 in the order user code often has: DDP model, rank-0 results sent to every rank, barrier,
 ``destroy_process_group()``, and only then the DDP model is dropped. With results sent by
 ``broadcast_object_list`` this order hangs torch 1.13.1 in most of 10 rounds (see
-safetorch/_dist.py); through the store it must not. Each rank writes DIR/rank<r>.json.
+safetorch/_dist.py); through the store it must not. Each rank writes DIR/rank<r>.json and
+reports each round to _ranks.run_ranks, which fails a rank that stops making progress.
 """
 
 import json
 import math
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _ranks import run_ranks, step
 
 from safetorch import _dist
 
@@ -44,19 +44,11 @@ def run(rank: int, directory: str, rounds: int) -> None:
         dist.barrier()
         dist.destroy_process_group()
         del model  # last: the user's order that deadlocks with tensor collectives on 1.13
+        step(f"round {r} torn down")
     with open(os.path.join(directory, f"rank{rank}.json"), "w") as fh:
         json.dump({"rank": rank, "rounds": len(seen), "ok": all(seen), "refused": refused}, fh)
 
 
 if __name__ == "__main__":
     directory, rounds = sys.argv[1], int(sys.argv[2])
-    ctx = mp.start_processes(
-        run, args=(directory, rounds), nprocs=2, join=False, start_method="fork"
-    )
-    deadline = time.monotonic() + 20.0 + 3.0 * rounds
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
-            for p in ctx.processes:
-                p.kill()
-            sys.exit(f"timed out: ranks {alive} still running")
+    run_ranks(run, directory, args=(directory, rounds))
