@@ -4,11 +4,15 @@
 #
 # Usage: bash tools/compat.sh [--setup-only] [--runs N] [ROW ...]    (default: every row below)
 #
-# A ROW is TORCH (on Python $COMPAT_DEFAULT_PYTHON), PYTHON:TORCH, or PYTHON:TORCH:min, e.g.
-# 2.6.0, 3.9:2.8.0, 3.9:1.13.1:min. A `min` row installs every test dependency and runtime
-# dependency at its floor (the `>=` bounds of pyproject.toml, pinned with `==`).
+# A ROW is TORCH (on Python $COMPAT_DEFAULT_PYTHON), PYTHON:TORCH, PYTHON:TORCH:min or
+# PYTHON:TORCH:noextras, e.g. 2.6.0, 3.9:2.8.0, 3.9:1.13.1:min, 3.11:2.13.0:noextras. A `min`
+# row installs every test dependency and runtime dependency at its floor (the `>=` bounds of
+# pyproject.toml, pinned with `==`). A `noextras` row installs none of safetorch's optional
+# extras (every package of an optional-dependencies group other than dev, e.g. safetensors, is
+# left out of the test dependencies) and checks after the install that none of them, nor
+# triton, can be imported: the tests that need one skip with a reason naming it.
 #
-# For each row: a cached venv .venv-compat/py<PYTHON>-<TORCH>[-min] (git-ignored) holding exactly
+# For each row: a cached venv .venv-compat/py<PYTHON>-<TORCH>[-min|-noextras] (git-ignored) holding exactly
 # that torch, the test dependencies (pyproject's dev extra minus the linters) and safetorch
 # (`pip install --no-deps -e .`); then the suite (`python -m pytest -q -p no:cacheprovider tests`)
 # runs N times (default 2), each with its own JUnit XML. A test whose outcome differs between the
@@ -42,9 +46,10 @@ cd "$ROOT" || exit 1
 # torch (1.13.1), with 2.1.2 and 2.6.0 (Python 3.9 with torch 2.6.0 is where a process group
 # destroyed inside a tensor deallocation deadlocked, issue 27), with the newest torch that has
 # cp39 wheels (2.8.0), and with every dependency at its floor; Python 3.11 with each torch the
-# project has tracked.
+# project has tracked, and with none of the optional extras (on the CPU build of 2.13.0, which
+# does not pull in triton).
 ALL_ROWS=(3.9:1.13.1:min 3.9:1.13.1 3.9:2.1.2 3.9:2.6.0 3.9:2.8.0
-    3.11:1.13.1 3.11:2.1.2 3.11:2.6.0 3.11:2.13.0 3.11:2.14.1)
+    3.11:1.13.1 3.11:2.1.2 3.11:2.6.0 3.11:2.13.0 3.11:2.13.0:noextras 3.11:2.14.1)
 DEFAULT_PYTHON="${COMPAT_DEFAULT_PYTHON:-3.11}"
 RUNS="${COMPAT_RUNS:-2}"
 TIMEOUT="${COMPAT_TIMEOUT:-1800}"
@@ -59,7 +64,7 @@ while [ $# -gt 0 ]; do
         --setup-only) setup_only=1 ;;
         --runs) shift; RUNS="${1:-}" ;;
         --runs=*) RUNS="${1#--runs=}" ;;
-        -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
         [0-9]*) rows+=("$1") ;;
         *) echo "compat.sh: unknown argument '$1' (expected --setup-only, --runs N or a row such as 2.6.0 or 3.9:2.8.0)" >&2; exit 2 ;;
     esac
@@ -93,7 +98,8 @@ find_python() {
 }
 
 # test_deps KIND -> one requirement per line: the runtime dependencies and the dev extra, minus
-# torch, the linters and the packaging tools; as declared (KIND=newest) or pinned at their floors (KIND=min).
+# torch, the linters and the packaging tools; as declared (KIND=newest), pinned at their floors
+# (KIND=min), or as declared minus every package of safetorch's other extras (KIND=noextras).
 test_deps() {
     "$HOST_PY" - "$1" "$ROOT/pyproject.toml" <<'PY'
 import re, sys, tomllib
@@ -103,15 +109,38 @@ dev = project["optional-dependencies"]["dev"]
 # the linters, and the packaging tools of `make dist` (not run by the suite; twine's floor
 # needs a newer packaging than safetorch's own floor)
 linters = {"ruff", "mypy", "build", "twine", "setuptools"}
+def name_of(req):
+    return re.split(r"[<>=!~; \[]", req, maxsplit=1)[0].lower()
+if kind == "noextras":
+    linters |= {name_of(r) for g, reqs in project["optional-dependencies"].items() if g != "dev" for r in reqs}
 for req in project["dependencies"] + dev:
-    name = re.split(r"[<>=!~; \[]", req, maxsplit=1)[0]
-    if name.lower() in linters or name.lower() == "torch":
+    name = name_of(req)
+    if name in linters or name == "torch":
         continue
     if kind == "min":
         floor = re.search(r">=\s*([\w.]+)", req)
         print(f"{name}=={floor.group(1)}" if floor else req)
     else:
         print(req)
+PY
+}
+
+# extras_absent VENV -> 0 when none of safetorch's optional extras (pyproject's groups other than
+# dev) nor triton can be imported in the venv (a dependency may have pulled one in).
+extras_absent() {
+    local mods
+    mods="$("$HOST_PY" - "$ROOT/pyproject.toml" <<'PY'
+import re, sys, tomllib
+groups = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
+names = {re.split(r"[<>=!~; \[]", r, maxsplit=1)[0] for g, reqs in groups.items() if g != "dev" for r in reqs}
+print(" ".join(sorted(n.lower().replace("-", "_") for n in names | {"triton"})))
+PY
+)"
+    "$1/bin/python" - $mods <<'PY'
+import importlib.util, sys
+present = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None]
+if present:
+    sys.exit("noextras venv can import optional extras: " + ", ".join(present))
 PY
 }
 
@@ -167,6 +196,10 @@ setup() {
         log "$row: $(head -n 1 "$venv/install.err")"
         return 1
     fi
+    if [ "$kind" = noextras ] && ! extras_absent "$venv" >"$venv/install.err" 2>&1; then
+        log "$row: $(cat "$venv/install.err")"
+        return 1
+    fi
     "${pip[@]}" freeze >"$venv/freeze.txt" 2>/dev/null
     touch "$stamp"
     log "$row: installed torch $got ($(du -sh "$venv" 2>/dev/null | cut -f1))"
@@ -193,9 +226,9 @@ status=0
 for spec in "${rows[@]}"; do
     IFS=: read -r a b c <<<"$spec"
     if [ -z "$b" ]; then pyv="$DEFAULT_PYTHON" v="$a" kind=newest; else pyv="$a" v="$b" kind="${c:-newest}"; fi
-    case "$kind" in newest | min) ;; *) echo "compat.sh: row '$spec': expected PYTHON:TORCH[:min]" >&2; exit 2 ;; esac
+    case "$kind" in newest | min | noextras) ;; *) echo "compat.sh: row '$spec': expected PYTHON:TORCH[:min|:noextras]" >&2; exit 2 ;; esac
     row="py$pyv-$v"
-    [ "$kind" = min ] && row="$row-min"
+    [ "$kind" = newest ] || row="$row-$kind"
     venv="$VENVS/$row"
     meta=("$row" --venv "$venv" --python "$pyv" --torch "$v" --deps "$kind")
     if ! setup "$row" "$pyv" "$v" "$kind"; then

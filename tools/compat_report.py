@@ -258,9 +258,14 @@ def _py_minor(r: Dict[str, Any]) -> str:
     return r.get("python_requested") or ".".join(str(r.get("python", "?")).split(".")[:2])
 
 
+# the deps column: how the row's test dependencies were chosen (tools/compat.sh's row KIND)
+_DEPS_LABEL = {"newest": "newest", "min": "floors", "noextras": "no extras"}
+
+
 def _label(r: Dict[str, Any]) -> str:
-    floors = " floors" if r.get("deps") == "min" else ""
-    return f"{r['version']}/py{_py_minor(r)}{floors}"
+    deps = r.get("deps", "newest")
+    suffix = "" if deps == "newest" else " " + _DEPS_LABEL.get(deps, deps)
+    return f"{r['version']}/py{_py_minor(r)}{suffix}"
 
 
 def _load_all() -> List[Dict[str, Any]]:
@@ -294,8 +299,9 @@ def render(args: argparse.Namespace) -> int:
         "`.venv-compat/<row>`, `runs` times in a row (2 by default); a test whose outcome differs",
         "between the runs is flaky and makes the row red. Passed/failed/... show each run's count",
         "where the runs differ. `deps`: `newest` installs the newest test dependencies pip finds,",
-        "`floors` every dependency at the floor pyproject.toml declares. A row keeps the date and",
-        "commit of its last run.",
+        "`floors` every dependency at the floor pyproject.toml declares, `no extras` the newest",
+        "without any of safetorch's optional extras (safetensors, ...) or triton. A row keeps the",
+        "date and commit of its last run.",
         "",
     ]
     notes_by_text: Dict[str, List[str]] = {}
@@ -316,7 +322,7 @@ def render(args: argparse.Namespace) -> int:
             "| {py} | {v} | {deps} | {t} | {d} | {cm} | {n} | {p} | {f} | {e} | {s} | {fl} | {st} |".format(
                 py=r.get("python", "-"),
                 v=r["version"],
-                deps="floors" if r.get("deps") == "min" else "newest",
+                deps=_DEPS_LABEL.get(r.get("deps", ""), "newest"),
                 t=r.get("torch", "-"),
                 d=r["date"],
                 cm=f"`{r.get('commit', '?')}`",
@@ -438,7 +444,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rec.add_argument("--venv", required=True)
     rec.add_argument("--python", required=True, help="Python X.Y the row asks for")
     rec.add_argument("--torch", required=True, help="torch release the row asks for")
-    rec.add_argument("--deps", choices=["newest", "min"], default="newest")
+    rec.add_argument("--deps", choices=["newest", "min", "noextras"], default="newest")
     rec.add_argument("--pytest-rcs", default="", help="exit status of each run, e.g. 0,0")
     rec.add_argument("--install-failed", action="store_true")
     rec.add_argument("--commit", help="commit tested (default: HEAD now, + dirty mark)")

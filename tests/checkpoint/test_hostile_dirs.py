@@ -57,7 +57,8 @@ except ImportError:  # pragma: no cover
 
 needs_dcp = pytest.mark.skipif(not HAS_DCP, reason="needs torch.distributed.checkpoint.save")
 needs_safetensors = pytest.mark.skipif(
-    not HAS_SAFETENSORS, reason="the side-by-side needs the safetensors package"
+    not HAS_SAFETENSORS,
+    reason="needs the safetensors package (pip install 'safetorch[safetensors]')",
 )
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
 
@@ -286,6 +287,8 @@ LAYOUTS = {
 def test_untampered_layout_loads_exactly(tmp_path, run_case, layout):
     if layout == "dcp" and not HAS_DCP:
         pytest.skip("needs torch.distributed.checkpoint.save")
+    if layout in ("st_index", "hf") and not HAS_SAFETENSORS:
+        pytest.skip("needs the safetensors package (pip install 'safetorch[safetensors]')")
     d = LAYOUTS[layout](tmp_path)
     assert_loaded_exactly(run_case("load_state_dict", d, expected=TRUSTED))
 
@@ -541,6 +544,7 @@ def test_hostile_shard_index_is_refused(tmp_path, run_case, kind, face):
         assert r["unchanged"], summary(r)
 
 
+@needs_safetensors
 def test_twenty_thousand_shards_load_within_the_deadline(tmp_path, run_case):
     state = D.trusted_state("many", SEED)
     d = tmp_path / "many"
@@ -701,6 +705,8 @@ def test_averaged_model_state_loads(tmp_path, run_case, layout, target):
             pytest.skip("needs torch.distributed.checkpoint.save")
         D.save_dcp(AVERAGED, str(d))
     else:
+        if not HAS_SAFETENSORS:
+            pytest.skip("needs the safetensors package (pip install 'safetorch[safetensors]')")
         d.mkdir()
         (d / "model.safetensors").write_bytes(D.safetensors_bytes(AVERAGED))
     assert AVERAGED["n_averaged"].item() == 3

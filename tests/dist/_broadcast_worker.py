@@ -1,27 +1,38 @@
 """Run by test_dist_broadcast.py: safetorch._dist.broadcast_from_rank0 in a 2-rank gloo group.
 
-Usage: python _broadcast_worker.py DIR ROUNDS. Each round is a whole process-group lifetime
-in the order user code often has: DDP model, rank-0 results sent to every rank, barrier,
-``destroy_process_group()``, and only then the DDP model is dropped. With results sent by
-``broadcast_object_list`` this order hangs torch 1.13.1 in most of 10 rounds (see
-safetorch/_dist.py); through the store it must not. Each rank writes DIR/rank<r>.json.
+Usage: python _broadcast_worker.py DIR ROUNDS. Each round is a whole process-group lifetime:
+DDP model, a backward, rank-0 results sent to every rank, barrier, the DDP model dropped
+(checked with a weak reference), ``destroy_process_group()``. Each rank writes
+DIR/rank<r>.json and reports each round to _ranks.run_ranks, which fails a rank that stops
+making progress and shows its stack.
+
+The model goes first, as in tests/checkpoint/_ddp_worker.py. This worker used to drop it after
+``destroy_process_group()`` (the order in which ``broadcast_object_list`` hung torch 1.13.1,
+safetorch/_dist.py), to show that results sent through the store do not hang it. But that
+order hangs torch 2.13 by itself, without safetorch: rank 1 stopped in round 3 of a 400-round
+run under load (gdb: main thread ``pybind11 dealloc -> ~Reducer -> ~ProcessGroupGloo ->
+std::thread::join``, GIL held; gloo's ``pt_gloo_runloop`` in ``~AsyncAllreduceWork ->
+~AsyncWork -> at::ThreadLocalState::~ThreadLocalState -> SafePyObject -> decref -> take_gil``:
+DDP's own gradient all-reduce carries the caller's thread-local state, which holds a Python
+object). That was the "ranks [0] still running" of issue 36 whenever it hit the last round.
 """
 
+import gc
 import json
 import math
 import os
 import sys
-import time
+import weakref
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _ranks import run_ranks, step
 
 from safetorch import _dist
 
 
 def run(rank: int, directory: str, rounds: int) -> None:
-    seen = []
+    seen, released = [], []
     for r in range(rounds):
         dist.init_process_group(
             "gloo", init_method=f"file://{directory}/store{r}", rank=rank, world_size=2
@@ -42,21 +53,17 @@ def run(rank: int, directory: str, rounds: int) -> None:
         except (TypeError, RuntimeError) as exc:
             refused = type(exc).__name__
         dist.barrier()
+        gone = weakref.ref(model)
+        del model  # with its Reducer, before the process group (see the docstring)
+        gc.collect()
+        released.append(gone() is None)
         dist.destroy_process_group()
-        del model  # last: the user's order that deadlocks with tensor collectives on 1.13
+        step(f"round {r} torn down")
     with open(os.path.join(directory, f"rank{rank}.json"), "w") as fh:
-        json.dump({"rank": rank, "rounds": len(seen), "ok": all(seen), "refused": refused}, fh)
+        ok = all(seen) and all(released)
+        json.dump({"rank": rank, "rounds": len(seen), "ok": ok, "refused": refused}, fh)
 
 
 if __name__ == "__main__":
     directory, rounds = sys.argv[1], int(sys.argv[2])
-    ctx = mp.start_processes(
-        run, args=(directory, rounds), nprocs=2, join=False, start_method="fork"
-    )
-    deadline = time.monotonic() + 20.0 + 3.0 * rounds
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
-            for p in ctx.processes:
-                p.kill()
-            sys.exit(f"timed out: ranks {alive} still running")
+    run_ranks(run, directory, args=(directory, rounds))

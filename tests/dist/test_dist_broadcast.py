@@ -45,7 +45,7 @@ def test_anything_that_needs_a_global_is_refused(value):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_two_ranks_receive_rank0_result_and_teardown_never_hangs(tmp_path):
-    rounds = 5  # five process-group lifetimes, each torn down in the order that hangs 1.13.1
+    rounds = 5  # five process-group lifetimes, each torn down (model, then process group)
     out = subprocess.run(
         [sys.executable, os.path.join(HERE, "_broadcast_worker.py"), str(tmp_path), str(rounds)],
         capture_output=True,
