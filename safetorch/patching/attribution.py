@@ -230,6 +230,8 @@ def called_from_project() -> bool:
 def called_from_03_project() -> bool:
     """:func:`called_from_project`, in a project that holds 0.3-era code (for the shims that
     change a result: what a modern script computes never changes under ``safetorch run``)."""
+    if not _era["found"] and len(sys.modules) == _era["modules"]:
+        return False  # no 0.3-era module, and none imported since the last look: no frame walk
     filename = _caller()
     return filename is not None and project_file(filename) and _project_is_03(filename)
 
