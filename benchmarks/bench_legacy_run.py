@@ -1,13 +1,16 @@
-"""What ``safetorch run`` costs on legacy scripts (issue 22.6), side by side with plain python.
+"""What ``safetorch run`` costs, per script (issues 22.6 and 34), side by side with plain python.
 
 For each script of ``tests/legacy/scripts/manifest.json`` whose legacy copy runs under the
-shims: plain ``python`` on the hand-modernised copy (``<name>/modern``) against
-``python -m safetorch run`` on the unedited legacy copy (``<name>/legacy``), each step in a
-fresh process, best of ``--repeat`` runs per step (the two commands alternate, so drift of
-a shared machine hits both) of the child's CPU time (user + system: steadier than wall time
-where other jobs share the cores; wall time is shown too), summed over the script's steps (its ``bench_steps`` where the
-manifest gives them: the same scripts with more iterations, as a real run has). The first line times a script
-that only imports torch: the fixed start-up cost of ``safetorch run``.
+shims, three commands, each step in a fresh process: plain ``python`` on the hand-modernised
+copy (``<name>/modern``), ``python -m safetorch run`` on that same modernised copy (what the
+patches cost code that needs none of them: the target is at most 1.05x per script), and
+``safetorch run`` on the unedited legacy copy (``<name>/legacy``). Each is the best of
+``--repeat`` runs per step (the commands alternate, so drift of a shared machine hits all)
+of the child's CPU time (user + system: steadier than wall time where other jobs share the
+cores; wall time is shown for the modernised copy too), summed over the script's steps (its
+``bench_steps`` where the manifest gives them: the same scripts with more iterations, as a
+real run has). The first line times a script that only imports torch: the fixed start-up
+cost of ``safetorch run``.
 
     python benchmarks/bench_legacy_run.py                 # the timing table (markdown)
     python benchmarks/bench_legacy_run.py --repeat 7 --only mnist,vae
@@ -68,8 +71,8 @@ def run_step(workdir: Path, step: Sequence[str], shim: bool) -> Tuple[int, float
     return proc.returncode, _children_cpu() - cpu, wall, proc.stderr
 
 
-def prepare(tmp: Path, name: str, flavour: str) -> Path:
-    target = tmp / f"{name}-{flavour}"
+def prepare(tmp: Path, name: str, flavour: str, suffix: str = "") -> Path:
+    target = tmp / f"{name}-{flavour}{suffix}"
     shutil.copytree(SCRIPTS / name / ("modern" if flavour == "modern" else "legacy"), target)
     if flavour == "fixed":
         sys.path.insert(0, str(ROOT))
@@ -85,28 +88,31 @@ def prepare(tmp: Path, name: str, flavour: str) -> Path:
     return target
 
 
-Times = List[float]  # [python CPU, run CPU, python wall, run wall]
+# CPU seconds [python modern, run modern, run legacy], then wall seconds in the same order.
+Times = List[float]
 
 
 def time_script(entry: Dict, repeat: int, tmp: Path) -> Optional[Times]:
     modern = prepare(tmp, entry["name"], "modern")
+    modern_run = prepare(tmp, entry["name"], "modern", "-run")  # its own working directory
     legacy = prepare(tmp, entry["name"], "legacy")
-    totals = [0.0] * 4
+    commands = ((modern, False), (modern_run, True), (legacy, True))
+    totals = [0.0] * 6
     steps = entry.get("bench_steps", entry["steps"])
     setup = entry.get("setup", 0)  # writes the data the original downloaded: not timed
     for step in steps[:setup]:
-        for where in (modern, legacy):
+        for where, _ in commands:
             run_step(where, step, False)
     for step in steps[setup:]:
-        best = [float("inf")] * 4
+        best = [float("inf")] * 6
         for _ in range(repeat):
-            for i, (where, shim) in enumerate(((modern, False), (legacy, True))):
+            for i, (where, shim) in enumerate(commands):
                 code, cpu, wall, err = run_step(where, step, shim)
                 if code:
                     print(f"{entry['name']} {step}: exit {code}\n{err[-2000:]}", file=sys.stderr)
                     return None
                 best[i] = min(best[i], cpu)
-                best[2 + i] = min(best[2 + i], wall)
+                best[3 + i] = min(best[3 + i], wall)
         totals = [t + b for t, b in zip(totals, best)]
     return totals
 
@@ -114,11 +120,11 @@ def time_script(entry: Dict, repeat: int, tmp: Path) -> Optional[Times]:
 def startup(repeat: int, tmp: Path) -> Times:
     script = tmp / "import_torch.py"
     script.write_text("import torch\n")
-    best = [float("inf")] * 4
+    best = [float("inf")] * 6
     for _ in range(repeat):
-        for i, shim in enumerate((False, True)):
+        for i, shim in enumerate((False, True, True)):
             _, cpu, wall, _ = run_step(tmp, [str(script)], shim)
-            best[i], best[2 + i] = min(best[i], cpu), min(best[2 + i], wall)
+            best[i], best[3 + i] = min(best[i], cpu), min(best[3 + i], wall)
     return best
 
 
@@ -132,29 +138,29 @@ def timing_table(entries: List[Dict], repeat: int) -> None:
     )
     print()
     print(
-        "| script | steps | CPU s: python, modernised | CPU s: safetorch run, legacy | ratio "
-        "| wall s: python / run | wall ratio |"
+        "| script | steps | CPU s: python, modernised | CPU s: safetorch run, modernised "
+        "| ratio | wall ratio | CPU s: safetorch run, legacy | ratio |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
 
     def row(label: str, steps: object, t: Times) -> None:
         print(
             f"| {label} | {steps} | {t[0]:.2f} | {t[1]:.2f} | {t[1] / t[0]:.3f} "
-            f"| {t[2]:.2f} / {t[3]:.2f} | {t[3] / t[2]:.3f} |"
+            f"| {t[4] / t[3]:.3f} | {t[2]:.2f} | {t[2] / t[0]:.3f} |"
         )
 
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         row("`import torch` only", 1, startup(repeat, tmp))
-        sums = [0.0] * 4
+        sums = [0.0] * 6
         for entry in entries:
             steps = len(entry.get("bench_steps", entry["steps"])) - entry.get("setup", 0)
             if not entry["run_completes"]:
-                print(f"| {entry['name']} | {steps} | - | - | n/a (not shimmable) | - | - |")
+                print(f"| {entry['name']} | {steps} | - | - | - | - | - | n/a (not shimmable) |")
                 continue
             found = time_script(entry, repeat, tmp)
             if found is None:
-                print(f"| {entry['name']} | {steps} | - | - | failed | - | - |")
+                print(f"| {entry['name']} | {steps} | - | - | failed | - | - | - |")
                 continue
             sums = [s + f for s, f in zip(sums, found)]
             row(entry["name"], steps, found)

@@ -25,7 +25,6 @@ import copy
 import inspect
 import io
 import math
-import operator
 import queue
 import sys
 import types
@@ -35,6 +34,16 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Set, Tup
 import torch
 
 from safetorch import _compat, _six_names
+from safetorch._legacy_values import (
+    LegacyScalar,
+    ScalarArray,
+    _first_or_last,
+    div,
+    div_,
+    legacy_scalar,
+    numpy,
+    view,
+)
 from safetorch._stack import user_frame, user_stacklevel
 from safetorch.errors import PatchWarning
 
@@ -53,6 +62,13 @@ __all__ = [
     "is_variable_type",
     "zero_dim_index",
     "reduction",
+    "LegacyScalar",
+    "legacy_scalar",
+    "div",
+    "div_",
+    "ScalarArray",
+    "numpy",
+    "view",
     "SolveResult",
     "SymeigResult",
     "EigResult",
@@ -674,7 +690,7 @@ def is_variable_type(cls: Any) -> bool:
     >>> st.legacy.is_variable_type(torch.Tensor), st.legacy.is_variable_type(torch.nn.Parameter)
     (True, False)
     """
-    return cls is _plain or cls is VolatileTensor
+    return cls is _plain or cls is VolatileTensor or cls is LegacyScalar
 
 
 # --- x[0] of a 0-dim tensor ------------------------------------------------------------------
@@ -695,19 +711,6 @@ def _warn_once_per_line(message: str) -> None:
 def _forget_warned_lines() -> None:
     """Warn again at every line (``st.patch("legacy")`` calls this when it turns on)."""
     _warned_lines.clear()
-
-
-def _first_or_last(index: Any) -> bool:
-    """``index`` is the integer 0 or -1 (an int or NumPy integer; not a bool or tensor)."""
-    if type(index) is int:
-        return index == 0 or index == -1
-    if isinstance(index, (bool, torch.Tensor)):
-        return False
-    try:
-        value = operator.index(index)
-    except TypeError:
-        return False
-    return value == 0 or value == -1
 
 
 def zero_dim_index(x: torch.Tensor, index: Any) -> Any:

@@ -1,11 +1,15 @@
-"""Warnings raised inside a patched call, attributed to the caller's line in user code."""
+"""Attribution: warnings raised inside a patched call go to the caller's line in user code,
+and which code is the legacy project's own (the ``legacy`` patch changes semantics there only)."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import sysconfig
 import threading
 import warnings
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from safetorch._stack import TORCH_DIR, first_frame_outside
 from safetorch.patching.report import SKIP_ALWAYS
@@ -103,3 +107,137 @@ def attributed(handler: WrapperFn) -> WrapperFn:
 
     attributing.__wrapped__ = handler  # type: ignore[attr-defined]  # functools-style __wrapped__ on a function object
     return attributing
+
+
+# --- which code is the legacy project's own ---------------------------------------------------
+# The shims that change a result rather than a raise (a scalar's hash, integer division) and
+# those that turn a raise into a result (view of transposed strides, .numpy()[0]) apply to
+# calls made from the legacy project's own files only: code of installed libraries, torch and
+# the standard library keeps modern semantics. The project is the directory of the script
+# `python` / `safetorch run` started (a `-m pkg.mod`: the directory above the package), or,
+# when `__main__` is not a project file (pytest, a REPL), every file outside those libraries.
+_LIBRARY_DIRS: Tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            *SKIP_ALWAYS,
+            TORCH_DIR,
+            *(
+                os.path.abspath(p) + os.sep
+                for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                for p in [sysconfig.get_paths().get(key)]
+                if p
+            ),
+            "<frozen ",
+        )
+    )
+)
+_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+# Files that say they were written for torch <= 0.3: a Variable built, named or imported;
+# volatile=.
+_ERA_03 = re.compile(
+    rb"\bVariable\s*\(|\bautograd\.Variable\b|\bvolatile\s*="
+    rb"|^\s*from\s+torch\.autograd\s+import[^\n]*\bVariable\b",
+    re.M,
+)
+_project_files: Dict[str, bool] = {}
+_era_files: Dict[str, bool] = {}
+_era: Dict[str, Any] = {"found": False, "modules": -1, "root": None}
+
+
+def _library(filename: str) -> bool:
+    return filename.startswith(_LIBRARY_DIRS) or any(p in filename for p in _LIBRARY_PARTS)
+
+
+def _root() -> Optional[str]:
+    """The project directory (``""``: none, every non-library file is the project's)."""
+    root = _era["root"]
+    if root is None:
+        main = sys.modules.get("__main__")
+        path = getattr(main, "__file__", None)
+        root = ""
+        if isinstance(path, str) and os.path.isabs(path) and not _library(path):
+            root = os.path.dirname(os.path.realpath(path))
+            package = getattr(main, "__package__", None) or ""
+            for _ in package.split(".") if package else ():  # -m pkg.mod: above pkg/
+                root = os.path.dirname(root)
+            root += os.sep
+        _era["root"] = root
+    return root or None
+
+
+def project_file(filename: str) -> bool:
+    """Whether code of ``filename`` is the legacy project's own (cached per file name)."""
+    known = _project_files.get(filename)
+    if known is None:
+        if _library(filename):
+            known = False
+        else:
+            root = _root()
+            if root is None:
+                known = True
+            elif not os.path.isabs(filename):
+                known = False  # <string>, <doctest ...> while a script is the project
+            else:
+                known = os.path.realpath(filename).startswith(root)
+        _project_files[filename] = known
+    return known
+
+
+def _marked_03(filename: str) -> bool:
+    known = _era_files.get(filename)
+    if known is None:
+        try:
+            with open(filename, "rb") as fh:
+                known = _ERA_03.search(fh.read(1 << 20)) is not None
+        except OSError:
+            known = False
+        _era_files[filename] = known
+    return known
+
+
+def _project_is_03(filename: str) -> bool:
+    """Whether the project holds 0.3-era code: ``filename`` or a project module loaded so far
+    builds or imports a ``Variable`` or passes ``volatile=`` (once found, for the process)."""
+    if _era["found"]:
+        return True
+    if _marked_03(filename):
+        _era["found"] = True
+        return True
+    count = len(sys.modules)
+    if count == _era["modules"]:
+        return False
+    _era["modules"] = count
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and project_file(path) and _marked_03(path):
+            _era["found"] = True
+            return True
+    return False
+
+
+def _caller() -> Optional[str]:
+    frame = first_frame_outside(sys._getframe(1), SKIP_ALWAYS)[0]
+    return None if frame is None else frame.f_code.co_filename
+
+
+def called_from_project() -> bool:
+    """Whether the patched call was made by the legacy project's own code (its caller is the
+    first frame outside safetorch and wrapt: torch calling torch is library code)."""
+    filename = _caller()
+    return filename is not None and project_file(filename)
+
+
+def called_from_03_project() -> bool:
+    """:func:`called_from_project`, in a project that holds 0.3-era code (for the shims that
+    change a result: what a modern script computes never changes under ``safetorch run``)."""
+    if not _era["found"] and len(sys.modules) == _era["modules"]:
+        return False  # no 0.3-era module, and none imported since the last look: no frame walk
+    filename = _caller()
+    return filename is not None and project_file(filename) and _project_is_03(filename)
+
+
+def _forget_project() -> None:
+    """Decide the project anew (tests; ``st.patch("legacy")`` turning on)."""
+    _project_files.clear()
+    _era_files.clear()
+    _era.update(found=False, modules=-1, root=None)

@@ -28,8 +28,10 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from safetorch import _compat, _stack
+from safetorch import _compat, _legacy_values, _stack
 from safetorch import legacy as _impl
+from safetorch.patching import attribution
+from safetorch.patching.attribution import called_from_03_project, called_from_project
 from safetorch.patching.index import torch_getitem
 from safetorch.patching.registry import Patch, Target, declare
 from safetorch.patching.report import call_site, record
@@ -58,7 +60,7 @@ _LINALG: Dict[str, Tuple[Callable[..., Any], str]] = {
 _needed: Dict[str, bool] = dict.fromkeys(
     (
         *("solve", "lstsq", "eig", "matrix_rank", "function", "volatile", "variable_type"),
-        *("index", "reduction"),
+        *("index", "reduction", "scalar_key", "numpy_scalar", "int_division", "view"),
     ),
     True,
 )
@@ -141,14 +143,38 @@ def _after_index_error(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, A
     return result
 
 
+def _int_index(index: Any) -> bool:
+    """An index of ints only (``x[i]``, ``x[i, j]``): one element, a number in 0.3."""
+    if type(index) is int:
+        return True
+    return type(index) is tuple and all(type(i) is int for i in index)
+
+
+def _scalar_of_03(result: Any, args: Tuple[Any, ...]) -> Any:
+    """``x[i]`` down to one element, called from 0.3-era project code: a LegacyScalar, which
+    hashes as the number 0.3 gave (``index2word[topi[0][0]]``). Cheapest tests first: a
+    modern caller pays them only for an int index whose result is a 0-dim plain tensor."""
+    if (
+        type(result) is _Tensor
+        and len(args) == 1
+        and _int_index(args[0])
+        and result.dim() == 0
+        and _needed["scalar_key"]
+        and called_from_03_project()
+    ):
+        return _impl.legacy_scalar(result)
+    return result
+
+
 # x[0] of a 0-dim tensor (of any class: a subclass's __torch_function__ re-enters the wrapper).
 # Indexing that succeeds pays nothing here: a `try` costs nothing in CPython >= 3.11 until
 # something raises.
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
     try:
-        return torch_getitem(wrapped, args, kwargs)
+        result = torch_getitem(wrapped, args, kwargs)
     except IndexError:
         return _after_index_error(instance, args, kwargs)
+    return _scalar_of_03(result, args)
 
 
 def _getitem_around(inner: WrapperFn) -> WrapperFn:
@@ -157,11 +183,78 @@ def _getitem_around(inner: WrapperFn) -> WrapperFn:
 
     def getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
         try:
-            return inner(wrapped, instance, args, kwargs)
+            result = inner(wrapped, instance, args, kwargs)
         except IndexError:
             return _after_index_error(instance, args, kwargs)
+        return _scalar_of_03(result, args)
 
     return getitem
+
+
+_Tensor = torch.Tensor
+
+
+def _used_the_03_way(kind: str) -> None:
+    """A LegacyScalar hashed, a ScalarArray indexed with [0]: the report's entry."""
+    if kind == "hash":
+        _record(
+            "x[i] (0-dim) as a dict key or set member, hashed as 0.3's number -> x[i].item()",
+            "st.legacy.LegacyScalar",
+        )
+    else:
+        _record("x.numpy()[0] of a 0-dim tensor -> x.item()", "st.legacy.ScalarArray")
+
+
+# --- integer division: 0.3 truncated (legacy project code only) ------------------------------
+def _division(in_place: bool) -> WrapperFn:
+    impl = _impl.div_ if in_place else _impl.div
+    spelling = "a //= b" if in_place else "a // b"
+    kind = (
+        f"integer tensor {'/=' if in_place else '/'} integer (0.3 truncated) -> "
+        f"torch.div(a, b, rounding_mode='trunc') ({spelling} for non-negative values)"
+    )
+
+    def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+        if kwargs or len(args) != (1 if instance is not None else 2):
+            return wrapped(*args, **kwargs)  # rounding_mode= or out= given: said explicitly
+        a, b = (instance, args[0]) if instance is not None else args
+        if not (_truncates(a, b) and _needed["int_division"] and called_from_03_project()):
+            return wrapped(*args, **kwargs)
+        _record(kind, f"st.legacy.{'div_' if in_place else 'div'}")
+        return impl(a, b)
+
+    return wrapper
+
+
+_truncates = _legacy_values.truncates
+
+
+# --- .numpy() of a 0-dim tensor: an array that takes [0] -------------------------------------
+def _numpy(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    array = wrapped(*args, **kwargs)
+    if array.ndim == 0 and _needed["numpy_scalar"] and called_from_project():
+        return array.view(_impl.ScalarArray)  # what st.legacy.numpy returns, without a copy
+    return array
+
+
+# --- view of transposed strides: reshape where view raises ----------------------------------
+def _view(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    try:
+        return wrapped(*args, **kwargs)
+    except RuntimeError as error:
+        if (
+            kwargs
+            or instance is None
+            or not _legacy_values.view_error(error)
+            or not _needed["view"]
+            or not called_from_project()
+        ):
+            raise
+    _record(
+        "x.view(...) of a result with its inputs' strides (0.3: contiguous) -> x.reshape(...)",
+        "st.legacy.view: a copy, as 0.3's contiguous result was",
+    )
+    return _impl.view(instance, *args)
 
 
 # The class `type(x) == Variable` compares with (the module attribute is shadowed by the
@@ -286,11 +379,16 @@ def _on_enable() -> None:
     _install_six()
     _impl._forget_warned_lines()  # each patched session names each x[0] line once
     _arm_fork_guard()
+    attribution._forget_project()  # which files are the project's: decided anew
+    if _used_the_03_way not in _legacy_values._listeners:
+        _legacy_values._listeners.append(_used_the_03_way)
 
 
 def _on_disable() -> None:
     _fork_guard["armed"] = False
     _remove_six()
+    if _used_the_03_way in _legacy_values._listeners:
+        _legacy_values._listeners.remove(_used_the_03_way)
 
 
 PATCH = declare(
@@ -321,6 +419,19 @@ PATCH = declare(
                 attribute_warnings=False,
                 around=_getitem_around,
             ),
+            # Hot paths: no warning re-attribution (torch warns for none of these calls).
+            *(
+                Target("torch", path, _division(in_place), attribute_warnings=False)
+                for path, in_place in (
+                    ("Tensor.__truediv__", False),
+                    ("Tensor.div", False),
+                    ("div", False),
+                    ("Tensor.__itruediv__", True),
+                    ("Tensor.div_", True),
+                )
+            ),
+            Target("torch", "Tensor.numpy", _numpy, attribute_warnings=False),
+            Target("torch", "Tensor.view", _view, attribute_warnings=False),
         ),
         on_enable=_on_enable,
         on_disable=_on_disable,

@@ -51,6 +51,7 @@ from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning
 from safetorch.patching import report
 from safetorch.patching._finder import PostImportFinder
+from safetorch.patching._slots import set_keeping_sequence_slot
 from safetorch.patching.attribution import attributed
 from safetorch.patching.routing import WrapperFn
 
@@ -197,7 +198,7 @@ class _Slot:
         wrapper._self_safetorch = True  # type: ignore[attr-defined]  # stays on the proxy
         if not isinstance(self.parent, type):
             _compat.register_with_dynamo(wrapper)  # module functions; methods reach dynamo as such
-        setattr(self.parent, self.attr, wrapper)
+        set_keeping_sequence_slot(self.parent, self.attr, wrapper)  # torch.tensor([x0d])
         self.wrapper = wrapper
 
     def restore(self, qualname: str, name: str) -> None:
