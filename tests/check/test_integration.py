@@ -230,10 +230,8 @@ def test_pyproject_select_ignore_per_file_exclude(
     _, out, _ = run(capsys, "--ignore", "ST001", str(root / "src"))
     assert _found(out, root) == [("src/a.py", "ST003")]
     _, out, _ = run(capsys, "--isolated", str(root / "src"))
-    assert [c for _, c in _found(out, root)] == [
-        "ST001",
-        "ST003",
-    ]  # ST004: no evidence of CUDA tensors in the file
+    # ST004 is quiet: nothing shows the file holds CUDA tensors.
+    assert [c for _, c in _found(out, root)] == ["ST001", "ST003"]
 
 
 def test_min_torch_version_2_6_makes_the_default_load_safe(
