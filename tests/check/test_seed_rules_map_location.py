@@ -24,11 +24,11 @@ def _fresh_projects() -> Iterator[None]:
 
 
 def _lines(root: Path, files: Dict[str, str], name: str) -> List[int]:
-    """Lines of the default set's ST004 findings in ``name`` of a project of ``files``."""
+    """Lines of ST004's findings (a preview rule: selected) in ``name`` of a project of ``files``."""
     (root / "setup.py").write_text("")
     for rel, text in files.items():
         (root / rel).write_text(textwrap.dedent(text).lstrip())
-    results = check_paths([str(root)])
+    results = check_paths([str(root)], ["ST004"])
     return [
         d.line for r in results if r.path.endswith(name) for d in r.diagnostics if d.code == "ST004"
     ]
@@ -43,8 +43,9 @@ TRAIN = """
 """
 
 
-def test_st004_is_a_default_rule() -> None:
-    assert not RULE_TABLE["ST004"].preview
+def test_st004_is_preview_below_the_bar() -> None:
+    # Held-out 61.0% (25/41) after its rewrite: below the 97% bar, so preview (docs/check.md).
+    assert RULE_TABLE["ST004"].preview
 
 
 @pytest.mark.parametrize(

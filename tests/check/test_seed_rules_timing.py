@@ -28,16 +28,17 @@ optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
 
 
 def _timing(body: str) -> List[int]:
-    """Lines (within ``body``) of the default set's ST006 findings."""
+    """Lines (within ``body``) of ST006's findings (a preview rule: selected)."""
     src = _HEADER + textwrap.dedent(body)
     offset = _HEADER.count("\n")
-    return [d.line - offset for d in check_source(src, "m.py") if d.code == "ST006"]
+    return [d.line - offset for d in check_source(src, "m.py", select=["ST006"])]
 
 
-def test_st006_is_a_default_rule_and_finds_its_seed() -> None:
-    assert not RULE_TABLE["ST006"].preview
+def test_st006_is_preview_below_the_bar_and_finds_its_seed_when_selected() -> None:
+    # Held-out 72.7% (8/11) after its rewrite: below the 97% bar, so preview (docs/check.md).
+    assert RULE_TABLE["ST006"].preview
     path = Path(__file__).parent / "fixtures" / "timing.py"
-    found = [(d.line, d.code) for d in check_source(path.read_text(), str(path))]
+    found = [(d.line, d.code) for d in check_source(path.read_text(), str(path), ["ST006"])]
     assert [f for f in found if f[1] == "ST006"] == [(12, "ST006"), (20, "ST006"), (27, "ST006")]
 
 

@@ -68,8 +68,6 @@ class ZeroDimIndex(Rule):
 
     code = "ST020"
 
-    preview = True  # below 97% on the held-out corpus half (docs/check.md)
-
     name = "zero-dim-index"
     uses = "st.legacy.zero_dim_index"
     torch_symbols = ("torch.Tensor.__getitem__",)

@@ -290,6 +290,10 @@ class UnsyncedCudaTiming(Rule):
 
     code = "ST006"
 
+    # Rewritten for issue 33 (work left running, nothing waiting); held-out 72.7% (8/11)
+    # after the rewrite: below the 97% bar (docs/check.md).
+    preview = True
+
     name = "unsynced-cuda-timing"
     torch_symbols = tuple(sorted(_TIMERS))
     node_types = (
