@@ -46,10 +46,11 @@ class ZeroDimIndex(Rule):
     ``.data[0]`` (loss, acc, correct, total, err, cost), and such a finding has no fix.
 
     Found the same way: ``x[0]`` / ``x[-1]`` without ``.data`` (``total_loss[0]``), and two
-    idioms ``safetorch run`` cannot shim: ``x.data.numpy()[0]`` of a 0-dim value (numpy
-    raises for a 0-d array), and torch 0.3's integer index of a 1-D tensor, which gave a
-    Python number and now gives a 0-dim tensor, used as a dict key (``ni = topi[0][0]``,
-    then ``index2word[ni]``: a KeyError, tensors hash by identity).
+    idioms ``safetorch run`` shims only at run time (``st.legacy``'s legacy scalars):
+    ``x.data.numpy()[0]`` of a 0-dim value (numpy raises for a 0-d array), and torch 0.3's
+    integer index of a 1-D tensor, which gave a Python number and now gives a 0-dim tensor,
+    used as a dict key (``ni = topi[0][0]``, then ``index2word[ni]``: a KeyError, tensors
+    hash by identity; shimmed in projects that show 0.3-era code).
 
     Fix (unsafe, ``--unsafe-fixes``), only where the flow proves the value 0-dim:
     ``.item()``, which returns a Python number where 0.4 returned a 0-dim tensor (the value
