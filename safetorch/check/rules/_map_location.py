@@ -81,7 +81,7 @@ def _moved(tree: ast.Module) -> Set[str]:
                         if isinstance(sub, (ast.Name, ast.Attribute)):
                             found.add(ast.unparse(sub))
         elif isinstance(node, ast.Expr) and _is_move(node.value):
-            receiver = node.value.func.value  # type: ignore[attr-defined]
+            receiver = node.value.func.value  # type: ignore[attr-defined]  # _is_move checked a method call
             while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute):
                 receiver = receiver.func.value
             found.add(ast.unparse(receiver))
