@@ -440,7 +440,7 @@ def add_run_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
         subparsers,
         "run",
         COMMANDS["run"][1],
-        "safetorch.patching.cli:_run",
+        "safetorch.patching._cli:_run",
         _epilog(
             "The report of what the patches changed goes to stderr at exit, only when a call",
             "was changed or globals were allowed (-v: always; --no-report: never).",
@@ -507,7 +507,7 @@ def add_run_parsers(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
             subparsers,
             name,
             COMMANDS[name][1],
-            f"safetorch.patching.cli:{handler}",
+            f"safetorch.patching._cli:{handler}",
             _epilog("exit status: 0 done, 1 the file cannot be written or removed, 2 a bad --dir."),
         )
         p.add_argument("--dir", default=None, help="site-packages directory (default: this venv)")

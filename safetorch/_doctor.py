@@ -161,30 +161,30 @@ def _patch_mode() -> Dict[str, Any]:
     }
     problems: List[str] = []
     try:
-        from safetorch.patching import hook, registry
+        from safetorch.patching import _hook, _registry
     except ImportError as exc:  # wrapt missing
         info["available"] = False
         problems.append(f"monkeypatch mode unavailable: {exc}; pip install 'wrapt>=1.14'")
         info["problems"] = problems
         return info
     info["available"] = True
-    pth = os.path.join(hook.default_dir(), hook.PTH_NAME)
+    pth = os.path.join(_hook.default_dir(), _hook.PTH_NAME)
     info["hook"] = pth if os.path.exists(pth) else None
-    info["active"] = registry.active_names()
+    info["active"] = _registry.active_names()
     # Every patch family with the pitfall-table rows it routes: read from the table
     # (safetorch._pitfalls), the one source, not restated by the patch declarations.
     info["patches"] = [
         {
             "name": p.name,
             "pitfalls": list(_pitfalls.for_patch(p.name)),
-            "active": registry.is_active(p.name),
+            "active": _registry.is_active(p.name),
         }
-        for p in registry.declared()
+        for p in _registry.declared()
     ]
     value = (info["SAFETORCH_PATCH"] or "").strip()
     if value and value.lower() not in ("0", "off", "none", "false"):
         try:
-            info["patches_named"] = registry.resolve_names(value.split(","), default_all=True)
+            info["patches_named"] = _registry.resolve_names(value.split(","), default_all=True)
         except (ValueError, TypeError) as exc:
             problems.append(f"SAFETORCH_PATCH={value!r} is ignored: {exc}")
         if info["hook"] is None and not info["active"]:
@@ -192,7 +192,7 @@ def _patch_mode() -> Dict[str, Any]:
                 "SAFETORCH_PATCH is set but no hook is installed, so plain `python` ignores it; "
                 "run `safetorch install-hook` or start programs with `safetorch run`"
             )
-    from safetorch.patching.allow import parse_allow_list
+    from safetorch.patching._allow import parse_allow_list
 
     try:
         info["allowed_globals"] = parse_allow_list([info["SAFETORCH_ALLOW"] or ""])

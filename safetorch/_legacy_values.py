@@ -3,7 +3,7 @@ NumPy scalars that take ``[0]``, ``view`` of a result old torch returned contigu
 
 Public through :mod:`safetorch.legacy` (``st.legacy.LegacyScalar``, ``st.legacy.div``, ...);
 the ``legacy`` patch routes the old spellings here, for the legacy project's own files only
-(``safetorch.patching.attribution`` decides which code that is). Semantics come from torch's
+(``safetorch.patching._attribution`` decides which code that is). Semantics come from torch's
 own record of what changed: ``python_variable_indexing.cpp`` of 0.4 (a 1-D tensor's ``x[i]``
 became a 0-dim tensor, 0.3's Python number before), TorchScript's operator upgraders for
 files of format version <= 3 (``div_Tensor_0_3``, ``div_Scalar_0_3`` in torch's

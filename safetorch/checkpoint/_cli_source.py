@@ -117,8 +117,8 @@ def _state_info(parts: Mapping[str, Any]) -> Dict[str, Any]:
 
 def allow_list(values: Optional[Sequence[str]]) -> List[str]:
     """``--allow`` values and ``SAFETORCH_ALLOW``, through the one parser ``safetorch run`` uses
-    (:func:`safetorch.patching.allow.parse_allow_list`): the ``allow=`` of every load here."""
-    from safetorch.patching.allow import allowed_globals, parse_allow_list
+    (:func:`safetorch.patching._allow.parse_allow_list`): the ``allow=`` of every load here."""
+    from safetorch.patching._allow import allowed_globals, parse_allow_list
 
     return list(dict.fromkeys(parse_allow_list([*allowed_globals(), *(values or [])])))
 

@@ -4,7 +4,7 @@
 ``Module.load_state_dict``, ``Tensor.__getitem__``, DataLoader pinning,
 ``SyncBatchNorm.convert_sync_batchnorm``) so that legacy code runs the same safe function a
 user would call directly (``st.upsample``, ``st.load``, ...). Nothing is patched on import.
-Each patch is a short declaration in this package; :mod:`safetorch.patching.registry` holds
+Each patch is a short declaration in this package; :mod:`safetorch.patching._registry` holds
 the mechanism. What a patch does, the functions it routes to and the pitfalls it routes are
 read from its rows of the pitfall table (``safetorch._pitfalls``).
 """
@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from typing import Iterator, List, Tuple
 
 from safetorch._types import PatchName, unquoted
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 # Declarations, imported in the order `all` applies them and the report lists them (a loop:
 # an import statement would be sorted by name).
 for _module in ("upsample", "load", "state_dict", "index", "pin_memory", "syncbn", "legacy"):
-    importlib.import_module(f"safetorch.patching.{_module}")
+    importlib.import_module(f"safetorch.patching._{_module}")
 del _module
 
-from safetorch.patching.legacy import OPT_IN  # noqa: E402  # declared by the loop above
+from safetorch.patching._legacy import OPT_IN  # noqa: E402  # declared by the loop above
 
 __all__ = ["patch", "unpatch", "patched", "patches"]
 
@@ -37,8 +37,8 @@ _OPT_IN = frozenset(OPT_IN)
 def _default_names(names: Tuple[PatchName, ...]) -> List[str]:
     """What ``names`` resolve to, where no name means every patch but the opt-in ones."""
     if any(names):
-        return registry.resolve_names(names, default_all=True)
-    return [n for n in registry.resolve_names((), default_all=True) if n not in _OPT_IN]
+        return _registry.resolve_names(names, default_all=True)
+    return [n for n in _registry.resolve_names((), default_all=True) if n not in _OPT_IN]
 
 
 @unquoted
@@ -68,7 +68,7 @@ def patch(*names: PatchName) -> List[str]:
     >>> st.unpatch("upsample")
     ['upsample']
     """
-    return registry.enable(_default_names(names))
+    return _registry.enable(_default_names(names))
 
 
 @unquoted
@@ -96,7 +96,7 @@ def unpatch(*names: PatchName) -> List[str]:
     >>> torch.load is original
     True
     """
-    return registry.disable(registry.resolve_names(names, default_all=True))
+    return _registry.disable(_registry.resolve_names(names, default_all=True))
 
 
 @contextlib.contextmanager
@@ -123,11 +123,11 @@ def patched(*names: PatchName) -> Iterator[None]:
     False
     """
     resolved = _default_names(names)
-    registry.hold(resolved)
+    _registry.hold(resolved)
     try:
         yield
     finally:
-        registry.release(resolved)
+        _registry.release(resolved)
 
 
 @dataclass(frozen=True)
@@ -182,9 +182,9 @@ def patches() -> List[PatchInfo]:
             targets=tuple(t.qualname for t in p.targets),
             description=p.description,
             implementation=", ".join(p.functions),
-            active=registry.is_active(p.name),
+            active=_registry.is_active(p.name),
             available=p.available(),
             pitfalls=p.pitfalls,
         )
-        for p in registry.declared()
+        for p in _registry.declared()
     ]

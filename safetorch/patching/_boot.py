@@ -22,12 +22,12 @@ def _activate() -> None:
         # Imported here, inside the try, and only when the variable names patches: the .pth
         # hook imports this module at every start-up, and a broken install (no wrapt, no
         # torch) must not stop the interpreter; importing patching imports torch.
-        from safetorch.patching import registry
+        from safetorch.patching import _registry
 
-        resolved = registry.resolve_names(names.split(","), default_all=True)
-        registry.enable(resolved)
+        resolved = _registry.resolve_names(names.split(","), default_all=True)
+        _registry.enable(resolved)
         if os.environ.get("SAFETORCH_REPORT") == "1":
-            from safetorch.patching.runner import print_report
+            from safetorch.patching._runner import print_report
 
             atexit.register(print_report, resolved)
     except Exception as exc:  # never break interpreter start-up

@@ -137,7 +137,7 @@ def test_fixed_zero_dim_code_runs_with_plain_torch_and_gives_numbers(tmp_path: P
     assert isinstance(fixed["first_row"], torch.Tensor) and fixed["first_row"].shape == (3,)
     # Under the shims the legacy file gets past `.numpy()[0]` (a legacy scalar's array takes
     # [0]). The 0-dim index used as a dict key is shimmed only once the process has seen
-    # 0.3-era project code (Variable, volatile=; safetorch.patching.attribution), which this
+    # 0.3-era project code (Variable, volatile=; safetorch.patching._attribution), which this
     # file does not show by itself: whether it gets past `idx2word[ni]` depends on what the
     # test session imported before, so only that KeyError is allowed.
     try:

@@ -10,7 +10,7 @@ import torch
 
 from safetorch import _atomic, _compat
 from safetorch.checkpoint import _conversions
-from safetorch.patching import hook
+from safetorch.patching import _hook
 
 
 def _make_dir(path: Any, **files: str) -> str:
@@ -99,11 +99,11 @@ def test_save_dcp_replaces_a_previous_directory(tmp_path) -> None:
 
 @posix_only
 def test_install_hook_writes_through_the_atomic_writer(tmp_path, fsynced) -> None:
-    path = hook.install(str(tmp_path))
-    assert path == str(tmp_path / hook.PTH_NAME)
-    assert os.path.basename(fsynced[0]).startswith(f".{hook.PTH_NAME}.")  # the temp file
+    path = _hook.install(str(tmp_path))
+    assert path == str(tmp_path / _hook.PTH_NAME)
+    assert os.path.basename(fsynced[0]).startswith(f".{_hook.PTH_NAME}.")  # the temp file
     assert fsynced[1:] == [str(tmp_path)]  # then its directory, after the rename
     mask = os.umask(0)
     os.umask(mask)
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask
-    assert os.listdir(tmp_path) == [hook.PTH_NAME]
+    assert os.listdir(tmp_path) == [_hook.PTH_NAME]

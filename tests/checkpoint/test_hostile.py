@@ -519,9 +519,9 @@ def test_patched_load_passes_a_custom_pickle_module_untouched(tmp_path):
 
 
 def _report_changes():
-    from safetorch.patching import registry
+    from safetorch.patching import _registry
 
-    return [entry.kind for entry in registry.report_entries()]
+    return [entry.kind for entry in _registry.report_entries()]
 
 
 def test_encoding_reaches_the_unpickler(tmp_path):

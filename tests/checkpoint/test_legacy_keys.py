@@ -16,7 +16,8 @@ from torch import nn
 import safetorch as st
 from safetorch.checkpoint._legacy_keys import legacy_keys
 from safetorch.checkpoint.report import PatchedLoadReport
-from safetorch.patching import registry, report
+from safetorch.patching import _registry as registry
+from safetorch.patching import _report as report
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import safetorch as st
 from safetorch import _device, _doctor, _pitfalls
 from safetorch.check import rules
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = _pitfalls.PITFALLS
@@ -60,7 +60,7 @@ def test_row_resolves(row):
     if row.patch is None:
         assert row.no_patch, f"{row.id}: no patch and no reason"
     else:
-        assert row.patch in {p.name for p in registry.declared()}, row.patch
+        assert row.patch in {p.name for p in _registry.declared()}, row.patch
     if not row.rules:
         assert row.no_rule, f"{row.id}: no rule and no reason"
     codes = {r.code for r in rules.RULES}
@@ -83,7 +83,7 @@ def test_every_rule_refers_to_its_row_by_id():
 
 
 def test_every_patch_refers_to_its_rows_by_id():
-    for patch in registry.declared():
+    for patch in _registry.declared():
         assert patch.pitfalls and patch.pitfalls == _pitfalls.for_patch(patch.name), patch.name
     for info in st.patches():
         assert info.pitfalls == _pitfalls.for_patch(info.name)
@@ -160,7 +160,7 @@ def test_docs_tables_name_pitfalls_by_id():
     assert seen == set(rules.RULE_TABLE)
     patching = (ROOT / "docs" / "patching.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| `([a-z_]+)` \|.*\| ([^|]+) \|$", patching, flags=re.M))
-    for patch in registry.declared():
+    for patch in _registry.declared():
         if patch.name in rows:
             assert rows[patch.name].strip() == ", ".join(f"`{p}`" for p in patch.pitfalls)
 
@@ -401,7 +401,7 @@ def test_doctor_names_patches_and_pitfalls_from_the_rows() -> None:
     report, text = _doctor_report()
     listed = {p["name"]: tuple(p["pitfalls"]) for p in report["patch_mode"]["patches"]}
     # every declared patch, each with the rows naming it: none that no row names, none missing
-    assert set(listed) == {p.name for p in registry.declared()}
+    assert set(listed) == {p.name for p in _registry.declared()}
     assert {row.patch for row in ROWS if row.patch} == set(listed)
     assert all(listed.values()), [name for name, pitfalls in listed.items() if not pitfalls]
     printed = dict(re.findall(r"^  patch (\w+) +\w+ +pitfalls: (.*)$", text, flags=re.M))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import safetorch as st
 from safetorch import _device, _types
 from safetorch.nn import syncbn
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def _values(alias: object) -> set:
 def test_aliases_match_the_values_accepted_at_run_time(tmp_path: Path) -> None:
     assert _values(_types.IndexCheckMode) == set(_device._MODES)
     assert _values(_types.SyncBNPolicy) == set(syncbn._POLICIES)
-    assert _values(_types.PatchName) == {"all", *registry.resolve_names((), default_all=True)}
+    assert _values(_types.PatchName) == {"all", *_registry.resolve_names((), default_all=True)}
     for mode in typing.get_args(_types.SaverMode):
         st.CheckpointSaver(tmp_path / mode, mode=mode)
     with pytest.raises(ValueError, match="mode='maximum'"):

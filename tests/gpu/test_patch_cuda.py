@@ -9,15 +9,15 @@ import torch
 from torch.utils.data import DataLoader
 
 import safetorch as st
-from safetorch.patching import registry, report
+from safetorch.patching import _registry, _report
 
 
 @pytest.fixture(autouse=True)
 def _clean():
-    registry.reset()
-    report.reset_counts()
+    _registry.reset()
+    _report.reset_counts()
     yield
-    registry.reset()
+    _registry.reset()
 
 
 def test_patched_getitem_raises_before_the_kernel_and_context_survives() -> None:

@@ -27,19 +27,19 @@ from hypothesis import strategies as hs
 
 import safetorch as st
 from safetorch import _legacy_values, _stack
-from safetorch.patching import attribution, registry, report
+from safetorch.patching import _attribution, _registry, _report
 
 Variable = torch.autograd.Variable  # this file builds Variables: 0.3-era project code
 
 
 @pytest.fixture(autouse=True)
 def _nothing_patched() -> Iterator[None]:
-    registry.reset()
-    report.reset_counts()
+    _registry.reset()
+    _report.reset_counts()
     yield
-    registry.reset()
-    report.reset_counts()
-    attribution._forget_project()
+    _registry.reset()
+    _report.reset_counts()
+    _attribution._forget_project()
 
 
 def _as_library(source: str, env: Dict[str, Any]) -> Any:
@@ -251,7 +251,7 @@ def test_the_report_lists_each_shim() -> None:
         torch.tensor(1.0).numpy()[0]
         _ = x / 2
         (x.t() * 1).view(-1)
-    kinds = " | ".join(e.kind for e in report.entries())
+    kinds = " | ".join(e.kind for e in _report.entries())
     for text in ("dict key", "numpy()[0]", "rounding_mode='trunc'", "x.reshape"):
         assert text in kinds, kinds
 

@@ -30,7 +30,7 @@ import safetorch as st
 from safetorch import _stack, legacy
 from safetorch.errors import PatchWarning
 from safetorch.legacy import VolatileTensor
-from safetorch.patching import registry, report
+from safetorch.patching import _registry, _report
 
 Variable = torch.autograd.Variable  # bound before any patch, as `from torch.autograd import`
 VariableMeta = type(Variable)
@@ -38,11 +38,11 @@ VariableMeta = type(Variable)
 
 @pytest.fixture(autouse=True)
 def _nothing_patched() -> Iterator[None]:
-    registry.reset()
-    report.reset_counts()
+    _registry.reset()
+    _report.reset_counts()
     yield
-    registry.reset()
-    report.reset_counts()
+    _registry.reset()
+    _report.reset_counts()
 
 
 class UserTensor(torch.Tensor):
@@ -163,7 +163,7 @@ def test_the_warning_names_each_line_once() -> None:
     here = test_the_warning_names_each_line_once.__code__.co_firstlineno
     assert [f for f, _ in lines] == [__file__, __file__]
     assert [n - here for _, n in lines] == [6, 7]
-    kinds = [e for e in registry.report_entries() if "0-dim" in e.kind]
+    kinds = [e for e in _registry.report_entries() if "0-dim" in e.kind]
     assert kinds and sum(e.count for e in kinds) == 5  # the report counts every call
 
 
@@ -289,7 +289,7 @@ def test_repackage_hidden_fails_plain_and_detaches_patched() -> None:
             for new, old in zip(fresh, hidden):
                 assert type(new) is torch.Tensor and new.grad_fn is None
                 assert not new.requires_grad and torch.equal(new, old.as_subclass(torch.Tensor))
-    names = [e.kind for e in registry.report_entries()]
+    names = [e.kind for e in _registry.report_entries()]
     assert any(n.startswith("type(x) == Variable -> isinstance") for n in names), names
 
 

@@ -6,13 +6,13 @@ from typing import Iterator
 
 import pytest
 
-from safetorch.patching import registry, report
+from safetorch.patching import _registry, _report
 
 
 @pytest.fixture(autouse=True)
 def _clean_patches() -> Iterator[None]:
-    registry.reset()
-    report.reset_counts()
+    _registry.reset()
+    _report.reset_counts()
     yield
-    registry.reset()
-    report.reset_counts()
+    _registry.reset()
+    _report.reset_counts()

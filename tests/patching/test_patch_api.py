@@ -16,7 +16,7 @@ import wrapt
 
 import safetorch as st
 from safetorch.errors import SafetorchWarning
-from safetorch.patching import registry, routing
+from safetorch.patching import _registry, _routing
 from safetorch.patching._finder import HookLoader, PostImportFinder
 
 NAMES = ["upsample", "load", "state_dict", "index", "pin_memory", "syncbn", "legacy"]
@@ -83,7 +83,7 @@ def test_thousand_cycles_leave_vars_identical() -> None:
         st.patch(*names)
         st.unpatch(*names)
     assert _same(before, _snapshot())
-    assert registry.active_names() == []
+    assert _registry.active_names() == []
 
 
 def test_patch_twice_wraps_once() -> None:
@@ -99,7 +99,7 @@ def test_patch_twice_wraps_once() -> None:
 def test_unknown_name_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="unknown patch 'upsampel'.*upsample"):
         st.patch("upsampel")
-    assert registry.active_names() == []
+    assert _registry.active_names() == []
 
 
 def test_comma_separated_names() -> None:
@@ -111,13 +111,13 @@ def test_patched_context_restores_and_nests() -> None:
     with st.patched("upsample"):
         assert F.upsample_nearest is not original
         with st.patched("upsample", "load"):
-            assert registry.active_names() == ["upsample", "load"]
-        assert registry.active_names() == ["upsample"]
+            assert _registry.active_names() == ["upsample", "load"]
+        assert _registry.active_names() == ["upsample"]
     assert F.upsample_nearest is original
     st.patch("upsample")
     with st.patched("upsample"):
         pass
-    assert registry.is_active("upsample")  # the explicit patch() outlives the context
+    assert _registry.is_active("upsample")  # the explicit patch() outlives the context
 
 
 def test_patched_restores_on_exception() -> None:
@@ -140,7 +140,7 @@ def test_eight_threads_patching_concurrently_end_consistent() -> None:
                 if k % 2:
                     with st.patched(name):
                         # held by this context: must be on, whatever the others do
-                        assert registry.is_active(name)
+                        assert _registry.is_active(name)
                         x = torch.arange(4)
                         assert int(x[torch.tensor([1])]) == 1
                 else:
@@ -156,9 +156,9 @@ def test_eight_threads_patching_concurrently_end_consistent() -> None:
         t.join(60)
     assert not errors, errors
     # Consistent: every active patch has all its targets wrapped, no inactive one has any.
-    for p in registry.declared():
-        applied = {k for k in registry.iter_applied() if k[0] == p.name}
-        assert bool(applied) == registry.is_active(p.name), p.name
+    for p in _registry.declared():
+        applied = {k for k in _registry.iter_applied() if k[0] == p.name}
+        assert bool(applied) == _registry.is_active(p.name), p.name
     st.unpatch()
     assert _same(before, _snapshot())
 
@@ -190,7 +190,7 @@ def test_unavailable_implementation_is_refused(monkeypatch) -> None:
     assert not info.available
     with pytest.raises(NotImplementedError, match="st.convert_sync_batchnorm"):
         st.patch("syncbn")
-    assert not registry.is_active("syncbn")
+    assert not _registry.is_active("syncbn")
     assert st.patch("upsample") == ["upsample"]  # the others still patch
 
 
@@ -204,20 +204,20 @@ def test_post_import_hook_patches_a_module_imported_later(tmp_path, monkeypatch)
         calls.append(args)
         return wrapped(*args, **kwargs) * 10
 
-    fake = registry.Patch(
-        name="fake_hook", targets=(registry.Target("st_hook_target_mod", "f", wrapper),)
+    fake = _registry.Patch(
+        name="fake_hook", targets=(_registry.Target("st_hook_target_mod", "f", wrapper),)
     )
-    registry.declare(fake)
+    _registry.declare(fake)
     try:
         assert "st_hook_target_mod" not in sys.modules
         st.patch("fake_hook")
-        assert registry.pending_modules() == ["st_hook_target_mod"]
+        assert _registry.pending_modules() == ["st_hook_target_mod"]
         assert any(isinstance(f, PostImportFinder) for f in sys.meta_path)
         import st_hook_target_mod as mod  # type: ignore[import-not-found]
 
         assert mod.f(1) == 20 and calls == [(1,)]
         assert not isinstance(mod.__loader__, HookLoader)  # real loader restored
-        assert registry.pending_modules() == []
+        assert _registry.pending_modules() == []
         assert not any(isinstance(f, PostImportFinder) for f in sys.meta_path)
         st.unpatch("fake_hook")
         assert mod.f(1) == 2
@@ -225,24 +225,24 @@ def test_post_import_hook_patches_a_module_imported_later(tmp_path, monkeypatch)
         del sys.modules["st_hook_target_mod"]
         st.patch("fake_hook")
         st.unpatch("fake_hook")
-        assert registry.pending_modules() == []
+        assert _registry.pending_modules() == []
         import st_hook_target_mod as mod2  # type: ignore[import-not-found]
 
         assert mod2.f(1) == 2
     finally:
-        registry.disable(["fake_hook"])
-        registry.undeclare("fake_hook")
+        _registry.disable(["fake_hook"])
+        _registry.undeclare("fake_hook")
         sys.modules.pop("st_hook_target_mod", None)
 
 
 def test_reentry_guard_routes_nested_calls_to_the_original() -> None:
-    assert not routing.nested("x")
-    with routing.reentry("x") as inner:
-        assert not inner and routing.nested("x")
-        with routing.reentry("x") as inner2:
+    assert not _routing.nested("x")
+    with _routing.reentry("x") as inner:
+        assert not inner and _routing.nested("x")
+        with _routing.reentry("x") as inner2:
             assert inner2
-        assert routing.nested("x")
-    assert not routing.nested("x")
+        assert _routing.nested("x")
+    assert not _routing.nested("x")
 
 
 def test_call_site_and_counts() -> None:
@@ -251,7 +251,7 @@ def test_call_site_and_counts() -> None:
     for _ in range(3):
         F.upsample(x, scale_factor=2)  # line of the first call site
     line = sys._getframe().f_lineno - 1
-    (entry,) = registry.report_entries()
+    (entry,) = _registry.report_entries()
     assert entry.count == 3 and entry.kind == "F.upsample -> st.upsample"
     assert entry.first_site == f"{__file__}:{line}"
 
@@ -267,7 +267,7 @@ def test_import_never_patches() -> None:
         after = {id(F.upsample), id(torch.load), id(torch.nn.Module.load_state_dict)}
         assert before == after and not had and "__getitem__" not in vars(torch.Tensor)
         assert len(sys.meta_path) == meta
-        assert safetorch.patching.registry.active_names() == []
+        assert safetorch.patching._registry.active_names() == []
         print("ok")
         """
     )
@@ -304,7 +304,7 @@ def test_handlers_of_several_patches_share_one_wrapper_in_declaration_order() ->
 
     names = ["fake_a", "fake_b", "fake_c"]
     for n in names:
-        registry.declare(registry.Patch(n, (registry.Target(mod.__name__, "f", tagged(n)),)))
+        _registry.declare(_registry.Patch(n, (_registry.Target(mod.__name__, "f", tagged(n)),)))
     try:
         for order in (names, names[::-1], ["fake_b", "fake_c", "fake_a"]):
             st.patch(order[0])
@@ -320,7 +320,7 @@ def test_handlers_of_several_patches_share_one_wrapper_in_declaration_order() ->
             st.unpatch("fake_a")
             assert mod.f is original and "f" in vars(mod)  # type: ignore[attr-defined]
     finally:
-        registry.disable(names)
+        _registry.disable(names)
         for n in names:
-            registry.undeclare(n)
+            _registry.undeclare(n)
         sys.modules.pop(mod.__name__, None)

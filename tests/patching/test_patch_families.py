@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 # torch 2.0-2.x warn "TypedStorage is deprecated" (once per process) from inside torch.load;
 # st.load hides it, a raw torch.load in a test must tolerate it.
@@ -29,7 +29,7 @@ _TYPED_STORAGE = "TypedStorage is deprecated"
 
 
 def _kinds(patch: str) -> List[str]:
-    return [e.kind for e in registry.report_entries() if e.patch == patch]
+    return [e.kind for e in _registry.report_entries() if e.patch == patch]
 
 
 # --- upsample ------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_load_nested_call_reaches_the_original() -> None:
     with st.patched("load"):
         st.load(_saved({"a": torch.ones(1)}))
         torch.load(_saved({"a": torch.ones(1)}))
-    entry = [e for e in registry.report_entries() if e.kind == "torch.load -> st.load"]
+    entry = [e for e in _registry.report_entries() if e.kind == "torch.load -> st.load"]
     assert entry[0].count == 1
 
 
@@ -174,7 +174,7 @@ def test_state_dict_dataparallel_checkpoint_into_plain_model() -> None:
     assert missing == result.missing_keys == [] and unexpected == result.unexpected_keys == []
     for k, v in dp.module.state_dict().items():
         assert torch.equal(plain.state_dict()[k], v)
-    (entry,) = [e for e in registry.report_entries() if e.patch == "state_dict"]
+    (entry,) = [e for e in _registry.report_entries() if e.patch == "state_dict"]
     assert "module." in entry.kind and "st.load_state_dict" in entry.kind
     assert "7 loaded" in entry.detail
 
@@ -223,7 +223,7 @@ def test_state_dict_matching_keys_take_torchs_path_untouched(monkeypatch) -> Non
     assert str(result) == "<All keys matched successfully>"
     expected = _Net().load_state_dict({"conv.weight": sd["conv.weight"]}, strict=False)
     assert partial == expected
-    assert registry.report_entries() == []
+    assert _registry.report_entries() == []
 
 
 def test_state_dict_strict_false_returns_torchs_incompatible_keys() -> None:
@@ -255,7 +255,7 @@ def test_index_cpu_fast_path_calls_torch_only(monkeypatch) -> None:
         assert torch.equal(x.gather(1, i.expand(3, 2)), torch.gather(x, 1, i.expand(3, 2)))
         with pytest.raises(IndexError):
             x[torch.tensor([3])]  # torch's own CPU error
-    assert registry.report_entries() == []
+    assert _registry.report_entries() == []
 
 
 @settings(max_examples=60)

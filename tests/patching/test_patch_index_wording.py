@@ -13,7 +13,7 @@ from _strategies import near_bound_index
 from hypothesis import given, settings
 
 import safetorch as st
-from safetorch.patching import report
+from safetorch.patching import _report
 
 T = torch.tensor
 
@@ -31,14 +31,14 @@ def _error(fn: Callable[[], Any]) -> Any:
 def _both(call: Callable[[], Any]) -> Any:
     """(CPU torch's error, the patched checked path's error, calls routed to st) for ``call``."""
     expected = _error(call)  # unpatched, default policy: CPU torch itself
-    before = report.call_count("index")
+    before = _report.call_count("index")
     previous = st.set_index_check("always")
     try:
         with st.patched("index"):
             got = _error(call)
     finally:
         st.set_index_check(previous)
-    return expected, got, report.call_count("index") - before
+    return expected, got, _report.call_count("index") - before
 
 
 CASES = {

@@ -15,7 +15,7 @@ import torch
 import safetorch as st
 from safetorch import _compat
 from safetorch.errors import PatchWarning
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 ROOT = Path(__file__).parents[2]
 
@@ -67,7 +67,7 @@ def test_index_and_legacy_share_getitem_in_any_order(order: tuple, off_first: st
     assert torch.arange(3)[1].item() == 1
     st.unpatch(off_first)
     still = "legacy" if off_first == "index" else "index"
-    assert "__getitem__" in vars(torch.Tensor) and registry.is_active(still)
+    assert "__getitem__" in vars(torch.Tensor) and _registry.is_active(still)
     if still == "legacy":
         with pytest.warns(PatchWarning):
             assert loss[0] == 2.0
@@ -83,12 +83,12 @@ def test_index_and_legacy_share_getitem_in_any_order(order: tuple, off_first: st
 def test_legacy_hook_is_read_only_after_torch_raises(monkeypatch) -> None:
     """The legacy x[i] handler adds nothing to indexing that succeeds: its 0-dim fallback is
     consulted only on torch's IndexError (a structural check; speed is benchmarks' job)."""
-    from safetorch.patching import legacy
+    from safetorch.patching import _legacy
 
     calls = []
     st.patch("index", "legacy")
-    real = legacy._zero_dim
-    monkeypatch.setattr(legacy, "_zero_dim", lambda x, a: calls.append(a) or real(x, a))
+    real = _legacy._zero_dim
+    monkeypatch.setattr(_legacy, "_zero_dim", lambda x, a: calls.append(a) or real(x, a))
     x = torch.arange(10)
     assert x[3].item() == 3 and x[[1, 2]].tolist() == [1, 2]
     assert calls == []
@@ -117,7 +117,7 @@ def test_getitem_has_one_wrapper_and_is_restored_exactly(order: tuple, off: tupl
     assert wrapper.__wrapped__ is _BASE_GETITEM
     st.patch(order[1])
     assert vars(torch.Tensor)["__getitem__"] is wrapper  # one wrapper, not a second layer
-    assert {k[0] for k in registry.iter_applied() if k[2] == "Tensor.__getitem__"} == {
+    assert {k[0] for k in _registry.iter_applied() if k[2] == "Tensor.__getitem__"} == {
         "index",
         "legacy",
     }
@@ -150,7 +150,7 @@ def test_both_orders_index_the_same(order: tuple, monkeypatch) -> None:
         assert torch.arange(3)[torch.tensor([2])].tolist() == [2]
     finally:
         st.set_index_check(previous)
-    kinds = [e.kind for e in registry.report_entries()]
+    kinds = [e.kind for e in _registry.report_entries()]
     assert any(k.startswith("x[index] -> st.checked_index") for k in kinds)
     assert any(k.startswith("x[0] of a 0-dim tensor") for k in kinds)
 
@@ -159,12 +159,12 @@ def test_a_late_declaration_of_a_wrapped_single_target_is_refused() -> None:
     """An attribute one declared patch wraps directly cannot gain a second patch while it is
     wrapped (its wrapper has no dispatcher); a shared one can."""
     st.patch("upsample")
-    clash = registry.Patch(
-        "fake_clash", (registry.Target("torch.nn.functional", "upsample", lambda w, i, a, k: 0),)
+    clash = _registry.Patch(
+        "fake_clash", (_registry.Target("torch.nn.functional", "upsample", lambda w, i, a, k: 0),)
     )
     with pytest.raises(ValueError, match="declare patches before turning them on"):
-        registry.declare(clash)
-    assert "fake_clash" not in {p.name for p in registry.declared()}
+        _registry.declare(clash)
+    assert "fake_clash" not in {p.name for p in _registry.declared()}
 
 
 def test_size_average_maps_to_reduction_without_warning() -> None:

@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 import safetorch as st
 from safetorch import _compat
-from safetorch.patching import registry, report
+from safetorch.patching import _registry, _report
 
 needs_compile = pytest.mark.skipif(not _compat.HAS_COMPILE, reason="torch.compile needs torch 2.0")
 
@@ -25,13 +25,13 @@ def test_torchscript_drops_the_python_wrapper() -> None:
     x = torch.randn(1, 1, 3, 3)
     with st.patched("upsample"):
         scripted = torch.jit.script(_upsample_user)
-        report.reset_counts()
+        _report.reset_counts()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript runs torch's deprecated body
             out = scripted(x)
         # Compiled from source to TorchScript IR: the wrapper is not in the graph and the
         # call is not counted; the output is still F.interpolate's (same as the patch).
-        assert registry.report_entries() == []
+        assert _registry.report_entries() == []
         assert torch.equal(out, st.upsample_bilinear(x, scale_factor=2))
 
 
@@ -149,7 +149,7 @@ def test_compile_fullgraph_of_patched_ops_matches_eager(
         with simulate_torch(**(old if dynamo != "installed" else {})):
             with st.patched("upsample", "index"):
                 eager = _compiled_user(x, i)
-                report.reset_counts()
+                _report.reset_counts()
                 torch._dynamo.reset()
                 compiled = torch.compile(_compiled_user, fullgraph=True, backend="eager")(x, i)
     finally:
@@ -157,5 +157,5 @@ def test_compile_fullgraph_of_patched_ops_matches_eager(
         torch._dynamo.reset()
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     # Counted once per call of the compiled graph (it runs the wrappers), never while tracing.
-    counts = {e.kind: e.count for e in registry.report_entries()}
+    counts = {e.kind: e.count for e in _registry.report_entries()}
     assert counts.get("F.upsample_bilinear -> st.upsample_bilinear") == 1

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from safetorch._cli import main as cli_main
-from safetorch.patching import hook, registry, runner
+from safetorch.patching import _hook, _registry, _runner
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGACY = ROOT / "examples" / "legacy"
@@ -54,7 +54,7 @@ def in_process(monkeypatch) -> Iterator[List[Any]]:
     for name in ("SAFETORCH_PATCH", "SAFETORCH_TRUST", "SAFETORCH_ALLOW"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    monkeypatch.setattr(runner.atexit, "register", lambda *a: registered.append(a))
+    monkeypatch.setattr(_runner.atexit, "register", lambda *a: registered.append(a))
     yield registered
 
 
@@ -78,22 +78,22 @@ def test_argv_path_file_and_name_as_python(in_process, probe, capfd, monkeypatch
     cwd = probe.parent.parent
     expected = json.loads(_python(probe, "a", "--b", cwd=cwd).stdout)
     monkeypatch.chdir(cwd)
-    assert runner.run("sub/probe.py", ["a", "--b"], report=False) == 0
+    assert _runner.run("sub/probe.py", ["a", "--b"], report=False) == 0
     got = json.loads(capfd.readouterr().out)
     assert got == expected
-    assert os.environ["SAFETORCH_PATCH"] == ",".join(p.name for p in registry.declared())
+    assert os.environ["SAFETORCH_PATCH"] == ",".join(p.name for p in _registry.declared())
 
 
 @pytest.mark.parametrize("args, code", [(["exit", "3"], 3), (["exit", "0"], 0)])
 def test_exit_status_propagates(in_process, probe, args, code) -> None:
     with pytest.raises(SystemExit) as info:
-        runner.run(str(probe), args, report=False)
+        _runner.run(str(probe), args, report=False)
     assert info.value.code == code == _python(probe, *args, cwd=probe.parent).returncode
 
 
 def test_exit_message_as_python(in_process, probe) -> None:
     with pytest.raises(SystemExit) as info:
-        runner.run(str(probe), ["message"], report=False)
+        _runner.run(str(probe), ["message"], report=False)
     assert info.value.code == "bad things"
 
 
@@ -103,16 +103,16 @@ def test_uncaught_exception_traceback_as_python(in_process, probe, capfd, monkey
     # "[rank0]:" prefixer for good), so compare with the hook the subprocess has.
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
     expected = _python(probe, "raise", cwd=probe.parent)
-    assert runner.run(str(probe), ["raise"], report=False) == expected.returncode == 1
+    assert _runner.run(str(probe), ["raise"], report=False) == expected.returncode == 1
     err = capfd.readouterr().err
     assert err.replace(str(probe), "probe.py") == expected.stderr.replace(str(probe), "probe.py")
-    assert "runner.py" not in err and "runpy" not in err
+    assert "_runner.py" not in err and "runpy" not in err
 
 
 def test_uncaught_exception_goes_through_sys_excepthook(in_process, probe, monkeypatch) -> None:
     seen: List[Any] = []
     monkeypatch.setattr(sys, "excepthook", lambda *info: seen.append(info))
-    assert runner.run(str(probe), ["raise"], report=False) == 1
+    assert _runner.run(str(probe), ["raise"], report=False) == 1
     ((kind, exc, tb),) = seen
     assert kind is ValueError and str(exc) == "boom"
     assert tb.tb_frame.f_code.co_filename == str(probe)  # runner frames removed
@@ -122,8 +122,8 @@ def test_keyboard_interrupt_ends_by_sigint(in_process, tmp_path, monkeypatch, ca
     script = tmp_path / "kb.py"
     script.write_text("raise KeyboardInterrupt\n")
     died: List[bool] = []
-    monkeypatch.setattr(runner, "_die_by_sigint", lambda: died.append(True))
-    runner.run(str(script), [], report=False)
+    monkeypatch.setattr(_runner, "_die_by_sigint", lambda: died.append(True))
+    _runner.run(str(script), [], report=False)
     assert died == [True] and "KeyboardInterrupt" in capfd.readouterr().err
 
 
@@ -140,7 +140,7 @@ def test_run_module_as_python_m(in_process, tmp_path, monkeypatch, capfd) -> Non
         timeout=60,
     )
     monkeypatch.chdir(tmp_path)
-    assert runner.run("probepkg.tool", ["x"], module=True, report=False) == 0
+    assert _runner.run("probepkg.tool", ["x"], module=True, report=False) == 0
     assert json.loads(capfd.readouterr().out) == json.loads(expected.stdout)
 
 
@@ -150,7 +150,7 @@ def test_names_bound_at_import_are_the_wrappers(in_process, tmp_path, capfd) -> 
         "from torch.nn.functional import upsample_bilinear\n"
         "print(hasattr(upsample_bilinear, '__wrapped__'))\n"
     )
-    runner.run(str(script), [], patches=["upsample"], report=False)
+    _runner.run(str(script), [], patches=["upsample"], report=False)
     assert capfd.readouterr().out.strip() == "True"
 
 
@@ -159,9 +159,9 @@ def test_report_registered_and_formatted(in_process, tmp_path) -> None:
     script.write_text(
         "import torch, torch.nn.functional as F\nF.upsample(torch.ones(1, 1, 2, 2), scale_factor=2)\n"
     )
-    runner.run(str(script), [], patches=["upsample", "load"])
+    _runner.run(str(script), [], patches=["upsample", "load"])
     ((fn, names),) = in_process
-    text = runner.format_report(names)
+    text = _runner.format_report(names)
     assert "patches on: upsample, load" in text
     assert "1 x F.upsample -> st.upsample" in text and f"{script}:2" in text
     assert "load        no call changed" in text or "load      no call changed" in text
@@ -208,7 +208,7 @@ class _Procs:
         (tmp / "workers.py").write_text(WORKERS_SCRIPT)
         self.hook_dir = tmp / "site"
         self.hook_dir.mkdir()
-        self.pth = hook.install(str(self.hook_dir))
+        self.pth = _hook.install(str(self.hook_dir))
         self._procs: Dict[str, subprocess.Popen] = {}
         self._done: Dict[str, subprocess.CompletedProcess] = {}
         self._start("fixed", [sys.executable, str(LEGACY / "train_fixed.py")], _env())
@@ -283,7 +283,7 @@ def test_spawn_command_line_gets_the_bootstrap() -> None:
     import multiprocessing.spawn as spawn
 
     original = spawn.get_command_line
-    with runner._SpawnBootstrap():
+    with _runner._SpawnBootstrap():
         cmd = spawn.get_command_line(tracker_fd=3, pipe_handle=4)
     assert spawn.get_command_line is original
     prog = cmd[cmd.index("-c") + 1]
@@ -308,9 +308,9 @@ def test_install_hook_activates_by_environment(procs) -> None:
         env=_env(),
     )
     assert off.stdout.strip() == "False", off.stderr
-    assert hook.install(str(procs.hook_dir)) == procs.pth  # idempotent
-    assert hook.uninstall(str(procs.hook_dir)) == procs.pth
-    assert hook.uninstall(str(procs.hook_dir)) is None
+    assert _hook.install(str(procs.hook_dir)) == procs.pth  # idempotent
+    assert _hook.uninstall(str(procs.hook_dir)) == procs.pth
+    assert _hook.uninstall(str(procs.hook_dir)) is None
     assert not Path(procs.pth).exists()
 
 
@@ -323,11 +323,11 @@ def test_boot_ignores_a_bad_value(monkeypatch, capsys) -> None:
     monkeypatch.setenv("SAFETORCH_PATCH", "nonsense")
     importlib.reload(boot)
     assert "SAFETORCH_PATCH='nonsense' ignored" in capsys.readouterr().err
-    assert registry.active_names() == []
+    assert _registry.active_names() == []
 
 
 def test_install_hook_cli(tmp_path, capsys) -> None:
     assert cli_main(["install-hook", "--dir", str(tmp_path)]) == 0
-    assert (tmp_path / hook.PTH_NAME).read_text() == hook.PTH_LINE
+    assert (tmp_path / _hook.PTH_NAME).read_text() == _hook.PTH_LINE
     assert cli_main(["uninstall-hook", "--dir", str(tmp_path)]) == 0
     assert "removed" in capsys.readouterr().out

@@ -14,7 +14,7 @@ import torch
 
 import safetorch as st
 from safetorch.checkpoint import _provenance
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 
 def _ledger() -> List[Path]:
@@ -23,7 +23,7 @@ def _ledger() -> List[Path]:
 
 
 def _kinds() -> List[str]:
-    return [e.kind for e in registry.report_entries() if e.patch == "load"]
+    return [e.kind for e in _registry.report_entries() if e.patch == "load"]
 
 
 def test_patched_save_then_load_of_a_whole_model_runs_unedited(tmp_path: Path) -> None:

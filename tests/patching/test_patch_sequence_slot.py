@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import safetorch as st
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 
 @pytest.fixture(autouse=True)
 def _nothing_patched() -> Iterator[None]:
-    registry.reset()
+    _registry.reset()
     yield
-    registry.reset()
+    _registry.reset()
 
 
 class UserTensor(torch.Tensor):

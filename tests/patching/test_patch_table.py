@@ -19,7 +19,7 @@ from torch import nn
 import safetorch as st
 import safetorch.patching
 from safetorch import _pitfalls
-from safetorch.patching import registry
+from safetorch.patching import _registry
 
 ROOT = Path(__file__).parents[2]
 PATCHING = ROOT / "safetorch" / "patching"
@@ -61,17 +61,18 @@ def _declaration_modules() -> List[Tuple[str, object]]:
     out = []
     for path in sorted(PATCHING.glob("*.py")):
         module = sys.modules.get(f"safetorch.patching.{path.stem}")
-        if module is not None and isinstance(getattr(module, "PATCH", None), registry.Patch):
-            out.append((path.stem, module))
+        if module is not None and isinstance(getattr(module, "PATCH", None), _registry.Patch):
+            assert path.stem.startswith("_"), f"{path.name}: a private module (underscored)"
+            out.append((path.stem[1:], module))  # the patch's name: the module's, unprefixed
     return out
 
 
 def test_the_declared_patches_are_the_table_s() -> None:
-    declared = [p.name for p in registry.declared()]
+    declared = [p.name for p in _registry.declared()]
     table = {row.patch for row in _pitfalls.PITFALLS if row.patch is not None}
     assert set(declared) == table
     assert sorted(name for name, _ in _declaration_modules()) == sorted(declared)
-    for p in registry.declared():
+    for p in _registry.declared():
         assert p.pitfalls and p.rows, p.name
 
 
@@ -88,9 +89,9 @@ def test_patches_lists_what_the_rows_say() -> None:
 @pytest.mark.parametrize("stem", [name for name, _ in _declaration_modules()])
 def test_a_declaration_names_only_its_rows_functions(stem: str) -> None:
     """Code, docstrings, comments and message templates of a patch module."""
-    module = sys.modules[f"safetorch.patching.{stem}"]
+    module = sys.modules[f"safetorch.patching._{stem}"]
     patch = module.PATCH  # type: ignore[attr-defined]
-    text = (PATCHING / f"{stem}.py").read_text(encoding="utf-8")
+    text = (PATCHING / f"_{stem}.py").read_text(encoding="utf-8")
     assert not _uncovered(text, _functions(patch.rows)), stem
     # The patch name the module records under is its own.
     names = set(re.findall(r"""record\(\s*["']([a-z_]+)["']""", text))
@@ -124,7 +125,7 @@ def test_the_checks_catch_what_they_look_for() -> None:
 def test_docs_patch_table_routes_to_row_functions() -> None:
     text = (ROOT / "docs" / "patching.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `([a-z_]+)` \| [^|]+ \| ([^|]+) \|", text, flags=re.M)
-    assert {name for name, _ in rows} == {p.name for p in registry.declared()}
+    assert {name for name, _ in rows} == {p.name for p in _registry.declared()}
     for name, routes in rows:
         assert not _uncovered(routes, _functions(_rows(name))), (name, routes)
 
@@ -155,8 +156,8 @@ def test_runtime_messages_name_only_their_rows_functions(monkeypatch) -> None:
     finally:
         st.set_index_check(previous)
         st.unpatch()
-    entries = registry.report_entries()
-    assert {e.patch for e in entries} == {p.name for p in registry.declared()}
+    entries = _registry.report_entries()
+    assert {e.patch for e in entries} == {p.name for p in _registry.declared()}
     for e in entries:
         functions = _functions(_rows(e.patch))
         assert not _uncovered(f"{e.kind} {e.detail}", functions), e

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import safetorch as st
-from safetorch.patching import allow, report, runner
+from safetorch.patching import _allow, _report, _runner
 
 
 def _run(tmp_path: Path, code: str, *options: str, env: Optional[dict] = None) -> Any:
@@ -58,8 +58,8 @@ def test_repeated_patch_accumulates_and_report_counts_calls(tmp_path: Path) -> N
 def test_allow_reaches_the_load_patch_through_the_environment(tmp_path: Path) -> None:
     code = (
         "import os\n"
-        "from safetorch.patching import allow\n"
-        "print(allow.allowed_globals(), os.environ['SAFETORCH_ALLOW'])\n"
+        "from safetorch.patching import _allow\n"
+        "print(_allow.allowed_globals(), os.environ['SAFETORCH_ALLOW'])\n"
     )
     out = _run(
         tmp_path, code, "--allow", "a.B", "--allow", "c.D,a.B", env={"SAFETORCH_ALLOW": "x.Y"}
@@ -71,24 +71,24 @@ def test_allow_reaches_the_load_patch_through_the_environment(tmp_path: Path) ->
 
 def test_allowed_globals_parses_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAFETORCH_ALLOW", " a.B, ,c.D,a.B ")
-    assert allow.allowed_globals() == ("a.B", "c.D")
+    assert _allow.allowed_globals() == ("a.B", "c.D")
     monkeypatch.delenv("SAFETORCH_ALLOW")
-    assert allow.allowed_globals() == ()
+    assert _allow.allowed_globals() == ()
 
 
 def test_one_call_with_two_changes_counts_once() -> None:
-    report.reset_counts()
-    with report.counted_call("load"):
-        report.record("load", "change one")
-        report.record("load", "change two")
-    report.record("load", "change one")
+    _report.reset_counts()
+    with _report.counted_call("load"):
+        _report.record("load", "change one")
+        _report.record("load", "change two")
+    _report.record("load", "change one")
     try:
-        assert report.call_count("load") == 2
-        text = runner.format_report(["load"])
+        assert _report.call_count("load") == 2
+        text = _runner.format_report(["load"])
         assert "2 calls changed (3 changes)" in text
         assert "2 x change one" in text and "1 x change two" in text
     finally:
-        report.reset_counts()
+        _report.reset_counts()
 
 
 def test_patch_accepts_lists_and_rejects_non_strings() -> None:

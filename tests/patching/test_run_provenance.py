@@ -20,7 +20,7 @@ from typing import Dict, Iterator
 import pytest
 
 from safetorch import _compat
-from safetorch.patching import runner
+from safetorch.patching import _runner
 
 SAFETORCH = [sys.executable, "-m", "safetorch"]
 
@@ -275,7 +275,7 @@ def test_run_trust_sets_only_hashes_in_the_environment(tmp_path, clean_env) -> N
     torch_save({"w": __import__("torch").ones(1)}, ckpt)
     script = tmp_path / "probe.py"
     script.write_text("import os\nprint(os.environ.get('SAFETORCH_TRUST'))\n")
-    assert runner.run(str(script), [], report=False, patches=["load"], trust=[str(ckpt)]) == 0
+    assert _runner.run(str(script), [], report=False, patches=["load"], trust=[str(ckpt)]) == 0
     value = os.environ["SAFETORCH_TRUST"]
     size, _, digest = value.partition(":")
     assert int(size) == ckpt.stat().st_size and len(digest) == 64 and str(tmp_path) not in value

@@ -7,8 +7,8 @@ Silent (no deprecation warning) and bit-identical: the st functions are torch's 
 from __future__ import annotations
 
 from safetorch.nn import upsampling as _impl
-from safetorch.patching.registry import Patch, Target, declare
-from safetorch.patching.routing import WrapperFn, route
+from safetorch.patching._registry import Patch, Target, declare
+from safetorch.patching._routing import WrapperFn, route
 
 __all__: list = []
 

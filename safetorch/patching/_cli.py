@@ -17,9 +17,9 @@ import os
 from typing import Sequence
 
 from safetorch._cli import add_run_parsers, say_error
-from safetorch.patching import hook, registry, runner
-from safetorch.patching.allow import allowed_globals, parse_allow_list
-from safetorch.patching.report import anything_changed
+from safetorch.patching import _hook, _registry, _runner
+from safetorch.patching._allow import allowed_globals, parse_allow_list
+from safetorch.patching._report import anything_changed
 
 __all__: list = []
 
@@ -33,7 +33,7 @@ def _report_at_exit(names: Sequence[str], verbose: bool) -> None:
     """The end-of-run report, when there is something to say: a call a patch changed, or
     globals allowed for loads (what a reader of the log must know); ``-v``: always."""
     if verbose or anything_changed() or allowed_globals():
-        runner.print_report(names)
+        _runner.print_report(names)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -44,26 +44,26 @@ def _run(args: argparse.Namespace) -> int:
         kind = "MODULE" if args.module else "SCRIPT"
         return _fail("run", f"missing {kind}; usage: safetorch run [OPTIONS] [-m] {kind} [ARGS...]")
     try:
-        names = registry.resolve_names(args.patch or ["all"], default_all=True)
-        off = registry.resolve_names(args.no_patch or [], default_all=False)
+        names = _registry.resolve_names(args.patch or ["all"], default_all=True)
+        off = _registry.resolve_names(args.no_patch or [], default_all=False)
         names = [n for n in names if n not in off]
         allow = parse_allow_list(args.allow or [])
     except ValueError as exc:
         return _fail("run", str(exc))
     if args.trust:
         try:
-            runner.trust_for_run(args.trust)
+            _runner.trust_for_run(args.trust)
         except Exception as exc:  # CheckpointError (a missing file, not a regular file), ...
             return _fail("run", f"--trust: {exc}")
-    problem = runner.check_target(argv[0], module=args.module)
+    problem = _runner.check_target(argv[0], module=args.module)
     if problem is not None:
         message, status = problem
         return _fail("run", message, status)
     if not args.no_report:
         # Registered before the program runs (atexit is last-in, first-out): the report comes
-        # after the program's own exit handlers, as runner.run's own registration would.
+        # after the program's own exit handlers, as _runner.run's own registration would.
         atexit.register(_report_at_exit, names, bool(args.verbose))
-    return runner.run(
+    return _runner.run(
         argv[0], argv[1:], module=args.module, patches=names, report=False, allow=allow
     )
 
@@ -85,13 +85,13 @@ def _check_dir(command: str, directory: str) -> int:
 def _hook_command(args: argparse.Namespace, install: bool) -> int:
     """``install-hook`` / ``uninstall-hook``: write or remove the .pth file in ``--dir``."""
     command = "install-hook" if install else "uninstall-hook"
-    directory = args.dir or hook.default_dir()
+    directory = args.dir or _hook.default_dir()
     bad = _check_dir(command, directory)
     if bad:
         return bad
-    target = os.path.join(directory, hook.PTH_NAME)
+    target = os.path.join(directory, _hook.PTH_NAME)
     try:
-        path = hook.install(directory) if install else hook.uninstall(directory)
+        path = _hook.install(directory) if install else _hook.uninstall(directory)
     except OSError as exc:
         reason = exc.strerror or exc
         if install:

@@ -49,11 +49,11 @@ import wrapt
 from safetorch import _compat, _pitfalls
 from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning
-from safetorch.patching import report
+from safetorch.patching import _report
+from safetorch.patching._attribution import attributed
 from safetorch.patching._finder import PostImportFinder
+from safetorch.patching._routing import WrapperFn
 from safetorch.patching._slots import set_keeping_sequence_slot
-from safetorch.patching.attribution import attributed
-from safetorch.patching.routing import WrapperFn
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
 
@@ -482,11 +482,11 @@ def iter_applied() -> List[Tuple[str, str, str]]:
         return [(n, *key) for key, slot in _slots.items() for n in slot.handlers]
 
 
-def report_entries() -> List[report.ReportEntry]:
-    """What the patches changed (``report.entries``), in the order the patches are declared."""
+def report_entries() -> List[_report.ReportEntry]:
+    """What the patches changed (``_report.entries``), in the order the patches are declared."""
     with _lock:
         order = {n: i for i, n in enumerate(_declared)}
-    return sorted(report.entries(), key=lambda e: (order.get(e.patch, len(order)), e.kind))
+    return sorted(_report.entries(), key=lambda e: (order.get(e.patch, len(order)), e.kind))
 
 
 # --- post-import hooks ---------------------------------------------------------------------

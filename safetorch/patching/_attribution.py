@@ -12,8 +12,8 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from safetorch._stack import TORCH_DIR, first_frame_outside
-from safetorch.patching.report import SKIP_ALWAYS
-from safetorch.patching.routing import WrapperFn
+from safetorch.patching._report import SKIP_ALWAYS
+from safetorch.patching._routing import WrapperFn
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
 

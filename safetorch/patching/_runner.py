@@ -49,9 +49,9 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import wrapt
 
-from safetorch.patching import registry
-from safetorch.patching.allow import ALLOW_ENV, allowed_globals
-from safetorch.patching.report import ReportEntry, call_count, reset_counts
+from safetorch.patching import _registry
+from safetorch.patching._allow import ALLOW_ENV, allowed_globals
+from safetorch.patching._report import ReportEntry, call_count, reset_counts
 
 __all__: List[str] = []
 
@@ -76,7 +76,7 @@ def _short(site: str) -> str:
 def format_report(names: Sequence[str]) -> str:
     """The end-of-run report: per patch, the calls it changed, then each kind of change with
     its count and first call site (one call may make several changes)."""
-    entries = registry.report_entries()
+    entries = _registry.report_entries()
     lines = [f"safetorch run: patches on: {', '.join(names) or 'none'}"]
     allowed = allowed_globals()
     if allowed:
@@ -270,7 +270,7 @@ def run(
     atexit handlers and children load alike. Returns the exit status for an uncaught
     exception (1); ``SystemExit`` propagates.
     """
-    names = registry.resolve_names(patches, default_all=True)
+    names = _registry.resolve_names(patches, default_all=True)
     if allow:
         merged = (*allowed_globals(), *allow)
         os.environ[ALLOW_ENV] = ",".join(dict.fromkeys(merged))
@@ -294,7 +294,7 @@ def trust_for_run(paths: Sequence[str]) -> None:
 def _run_patched(
     target: str, args: Sequence[str], *, module: bool, names: Sequence[str], report: bool
 ) -> int:
-    registry.enable(names)
+    _registry.enable(names)
     reset_counts()
     os.environ[ENV_VAR] = ",".join(names)
     if report:

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from safetorch import _dist
-from safetorch.patching.registry import Patch, Target, declare
-from safetorch.patching.report import record
-from safetorch.patching.routing import route
+from safetorch.patching._registry import Patch, Target, declare
+from safetorch.patching._report import record
+from safetorch.patching._routing import route
 
 __all__: list = []
 

@@ -20,9 +20,9 @@ from typing import Any, Dict, Optional, Tuple
 import torch.utils.data._utils.pin_memory as _torch_pin
 
 from safetorch import data as _data
-from safetorch.patching.registry import Patch, Target, declare
-from safetorch.patching.report import record
-from safetorch.patching.routing import route
+from safetorch.patching._registry import Patch, Target, declare
+from safetorch.patching._report import record
+from safetorch.patching._routing import route
 
 __all__: list = []
 

@@ -22,10 +22,10 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from safetorch import _compat, _device
-from safetorch.patching.attribution import call_attributing_warnings
-from safetorch.patching.registry import Patch, Target, declare
-from safetorch.patching.report import record
-from safetorch.patching.routing import WrapperFn, nested, reentry
+from safetorch.patching._attribution import call_attributing_warnings
+from safetorch.patching._registry import Patch, Target, declare
+from safetorch.patching._report import record
+from safetorch.patching._routing import WrapperFn, nested, reentry
 
 __all__: list = []
 

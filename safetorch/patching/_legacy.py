@@ -30,12 +30,12 @@ import torch
 
 from safetorch import _compat, _legacy_values, _stack
 from safetorch import legacy as _impl
-from safetorch.patching import attribution
-from safetorch.patching.attribution import called_from_03_project, called_from_project
-from safetorch.patching.index import torch_getitem
-from safetorch.patching.registry import Patch, Target, declare
-from safetorch.patching.report import call_site, record
-from safetorch.patching.routing import WrapperFn
+from safetorch.patching import _attribution
+from safetorch.patching._attribution import called_from_03_project, called_from_project
+from safetorch.patching._index import torch_getitem
+from safetorch.patching._registry import Patch, Target, declare
+from safetorch.patching._report import call_site, record
+from safetorch.patching._routing import WrapperFn
 
 __all__: List[str] = []
 
@@ -379,7 +379,7 @@ def _on_enable() -> None:
     _install_six()
     _impl._forget_warned_lines()  # each patched session names each x[0] line once
     _arm_fork_guard()
-    attribution._forget_project()  # which files are the project's: decided anew
+    _attribution._forget_project()  # which files are the project's: decided anew
     if _used_the_03_way not in _legacy_values._listeners:
         _legacy_values._listeners.append(_used_the_03_way)
 

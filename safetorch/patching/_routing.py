@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from safetorch.patching.report import counted_call, record
+from safetorch.patching._report import counted_call, record
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
 

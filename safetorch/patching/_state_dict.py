@@ -30,9 +30,9 @@ from typing import Any, Dict, Tuple
 from torch import nn
 
 from safetorch.errors import CheckpointError
-from safetorch.patching.registry import Patch, Target, declare
-from safetorch.patching.report import record
-from safetorch.patching.routing import route
+from safetorch.patching._registry import Patch, Target, declare
+from safetorch.patching._report import record
+from safetorch.patching._routing import route
 
 __all__: list = []
 

@@ -41,10 +41,10 @@ import torch
 from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning, UnsafeCheckpointError
-from safetorch.patching.allow import allowed_globals
-from safetorch.patching.registry import Patch, Target, declare
-from safetorch.patching.report import record
-from safetorch.patching.routing import route
+from safetorch.patching._allow import allowed_globals
+from safetorch.patching._registry import Patch, Target, declare
+from safetorch.patching._report import record
+from safetorch.patching._routing import route
 
 __all__: list = []
 
