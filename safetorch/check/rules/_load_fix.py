@@ -212,6 +212,17 @@ def _complete(ctx: Context) -> bool:
     return ctx.project.root is not None and ctx.project.complete
 
 
+def _assignment(ctx: Context, load: ast.Call) -> Optional[Tuple[ast.Assign, ast.Name]]:
+    """The statement ``name = <load>`` (one plain name target) and its ``name``, else None."""
+    statement = parents(ctx).get(id(load))
+    if not (isinstance(statement, ast.Assign) and statement.value is load):
+        return None
+    target = statement.targets[0]
+    if len(statement.targets) != 1 or not isinstance(target, ast.Name):
+        return None
+    return statement, target
+
+
 def state_dict_fix(
     ctx: Context, load: ast.Call, saves: Sequence[ast.Call]
 ) -> Tuple[Optional[Fix], str]:
@@ -221,16 +232,10 @@ def state_dict_fix(
     if not saves or any(v is None for v in values):
         return None, "a save passes more than the module and the path"
     texts = {ctx.segment(v) for v in values if v is not None}
-    statement = parents(ctx).get(id(load))
-    target = statement.targets[0] if isinstance(statement, ast.Assign) else None
-    if not (
-        isinstance(statement, ast.Assign)
-        and len(statement.targets) == 1
-        and isinstance(target, ast.Name)
-        and statement.value is load
-    ):
+    assigned = _assignment(ctx, load)
+    if assigned is None:
         return None, "the loaded module is not assigned to a name"
-    assert isinstance(target, ast.Name)
+    _, target = assigned
     if texts != {target.id}:
         return None, f"the saves write {', '.join(sorted(texts))}, the load binds {target.id}"
     for save in saves:  # each saves a module the file builds (Net(), not a state dict)
@@ -244,16 +249,10 @@ def _load_side(
 ) -> Tuple[Optional[Fix], str]:
     """``name = torch.load(...)`` -> ``name.load_state_dict(torch.load(..., weights_only=True))``,
     with ``.state_dict()`` after each of ``saved`` (the saves of this file)."""
-    statement = parents(ctx).get(id(load))
-    target = statement.targets[0] if isinstance(statement, ast.Assign) else None
-    if not (
-        isinstance(statement, ast.Assign)
-        and len(statement.targets) == 1
-        and isinstance(target, ast.Name)
-        and statement.value is load
-    ):
+    assigned = _assignment(ctx, load)
+    if assigned is None:
         return None, "the loaded module is not assigned to a name"
-    assert isinstance(target, ast.Name)
+    statement, target = assigned
     scope = _scope_of(ctx, load)
     if not _built_before(ctx, target.id, load, scope):
         return None, f"{target.id} is not built before the load here (its class is not known)"
