@@ -198,6 +198,10 @@ def _getattr(name: str) -> Any:
     if home is None:
         raise _no_attribute(name)
     value = getattr(importlib.import_module(f"safetorch.{home}"), name)
+    if callable(value):  # help(st.<name>) shows `mode: Literal[...]`, not the string 'IndexMode'
+        from ._types import unquoted
+
+        value = unquoted(value)
     globals()[name] = value  # bound: the next access is a plain global lookup
     return value
 

@@ -9,7 +9,6 @@ drift. Standard library only.
 from __future__ import annotations
 
 import inspect
-import typing
 from typing import Any, Callable, Dict, Literal, TypeVar
 
 __all__ = [
@@ -43,29 +42,47 @@ PatchName = Literal[
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def unquoted(func: F) -> F:
-    """``func`` with its signature's annotations evaluated, so that ``help()`` and
+def unquoted(obj: F) -> F:
+    """``obj`` with its signature's annotations evaluated, so that ``help()`` and
     ``inspect.signature`` show ``mode: Literal['min', 'max'] = 'min'`` rather than the string
-    ``'SaverMode'`` that ``from __future__ import annotations`` leaves. Evaluated once, at
-    definition; an annotation that cannot be evaluated there stays a string.
+    ``'SaverMode'`` that ``from __future__ import annotations`` leaves. A class gets its own
+    ``__init__`` unquoted (what ``help(cls)`` and ``inspect.signature(cls)`` read). Each
+    annotation is evaluated on its own, in the function's module: one that cannot be evaluated
+    there (a name only a type checker sees, ``X | None`` before Python 3.10) stays a string and
+    the others are still shown unquoted. Idempotent; ``safetorch.<name>`` applies it to every
+    public function and class on first access.
 
     >>> @unquoted
-    ... def f(mode: "SaverMode" = "min") -> "int": ...
+    ... def f(mode: "SaverMode" = "min", n: "Undefined" = 0) -> "int": ...
     >>> str(inspect.signature(f))
-    "(mode: Literal['min', 'max'] = 'min') -> int"
+    "(mode: Literal['min', 'max'] = 'min', n: 'Undefined' = 0) -> int"
     """
+    func: Any = obj
+    if inspect.isclass(obj):
+        func = obj.__dict__.get("__init__")
+    if not inspect.isfunction(func):  # a builtin, a C type, a class without its own __init__
+        return obj
     try:
-        hints: Dict[str, Any] = typing.get_type_hints(func)
-    except Exception:  # a name only a type checker sees (TYPE_CHECKING): leave them as they are
-        return func
-    hints = {k: None if v is type(None) else v for k, v in hints.items()}  # `-> None`, as written
-    signature = inspect.signature(func)
-    parameters = [
-        p.replace(annotation=hints.get(name, p.annotation))
-        for name, p in signature.parameters.items()
-    ]
-    func.__signature__ = signature.replace(  # type: ignore[attr-defined]  # read by inspect
-        parameters=parameters,
-        return_annotation=hints.get("return", signature.return_annotation),
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return obj
+    namespace: Dict[str, Any] = inspect.unwrap(func).__globals__
+
+    def evaluate(annotation: Any) -> Any:
+        for _ in range(2):  # `-> "'X'"`: a string annotation of a quoted name
+            if not isinstance(annotation, str):
+                break
+            try:
+                annotation = eval(annotation, namespace)  # noqa: S307 - our own, in our module
+            except Exception:
+                break
+        return annotation
+
+    target: Any = func  # a function takes a __signature__; the stubs do not say so
+    target.__signature__ = signature.replace(
+        parameters=[
+            p.replace(annotation=evaluate(p.annotation)) for p in signature.parameters.values()
+        ],
+        return_annotation=evaluate(signature.return_annotation),
     )
-    return func
+    return obj

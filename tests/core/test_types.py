@@ -63,6 +63,41 @@ def test_signatures_render_unquoted(func: object, shown: str) -> None:
     assert "'SaverMode'" not in text and "'str'" not in text and "'PatchName'" not in text
 
 
+def _has_signature(obj: object) -> bool:
+    try:
+        inspect.signature(obj)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # an exception class of C's: help() shows no signature
+        return False
+    return True
+
+
+def _public_callables() -> list:
+    names = sorted(n for n in dir(st) if not n.startswith("_"))
+    found = [n for n in names if callable(getattr(st, n)) and _has_signature(getattr(st, n))]
+    assert len(found) > 40
+    return found
+
+
+@pytest.mark.parametrize("name", _public_callables())
+def test_every_public_signature_renders_unquoted(name: str) -> None:
+    """What ``help(st.<name>)`` prints: no annotation left as the string the source wrote."""
+    text = str(inspect.signature(getattr(st, name)))
+    assert ": '" not in text and "-> '" not in text, f"st.{name}{text}"
+
+
+def test_unquoted_keeps_what_cannot_be_evaluated_and_is_idempotent() -> None:
+    def f(a: "int", b: "NotDefinedAnywhere" = 0) -> "Tuple[int, 'int']": ...  # noqa: F821
+
+    once = str(inspect.signature(_types.unquoted(f)))
+    assert once == str(inspect.signature(_types.unquoted(f)))
+    assert once.startswith("(a: int, b: 'NotDefinedAnywhere' = 0)"), once
+
+    class C:
+        def __init__(self, mode: "_types.SaverMode") -> None: ...
+
+    assert str(inspect.signature(_types.unquoted(C))) == "(mode: Literal['min', 'max']) -> None"
+
+
 @pytest.mark.slow
 def test_mypy_refuses_a_bad_mode_and_a_bad_patch_name(tmp_path: Path) -> None:
     pytest.importorskip("mypy", reason="mypy is a dev dependency")
