@@ -13,6 +13,7 @@ What runs, per page (README.md, then docs/*.md in name order):
 - every other ```python block is a script: in the README each runs on its own (a fresh
   namespace), in a docs page the blocks of one ``## `` section share a namespace, in order;
   each runs in a fresh empty working directory;
+- a python block directly followed by a ```text block prints exactly that text;
 - each ```sh block of the README's Quickstart runs with bash in an empty directory, the
   ``safetorch`` command and ``python`` of the running interpreter first on ``PATH``.
 
@@ -38,6 +39,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 BLOCK = re.compile(r"```python\n(.*?)```", flags=re.S)
+# a python block and, right after it, the output it prints
+PRINTED = re.compile(r"```python\n(.*?)```\s*```text\n(.*?)```", flags=re.S)
 SH_BLOCK = re.compile(r"```sh\n(.*?)```", flags=re.S)
 # every shell-like block: sh, bash, console (a `$ ` prompt)
 ANY_SHELL_BLOCK = re.compile(r"```(?:sh|bash|console)\n(.*?)```", flags=re.S)
@@ -83,6 +86,27 @@ def doctest_pages(root: Path) -> List[Tuple[str, str]]:
         if blocks:
             out.append((page_name(root, page), "\n\n".join(blocks)))
     return out
+
+
+def printed_examples(root: Path) -> List[Tuple[str, str, str]]:
+    """``(page name, code, output)`` for each ```python block directly followed by a ```text
+    block: the output the docs say that code prints."""
+    out = []
+    for page in pages(root):
+        for code, text in PRINTED.findall(page.read_text(encoding="utf-8")):
+            out.append((page_name(root, page), code, text))
+    return out
+
+
+def run_printed_example(name: str, code: str, cwd: Path) -> str:
+    """What ``code`` prints to stdout, run on its own in ``cwd`` (a fresh namespace)."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        run_scripts(f"{name} (printed example)", [code], cwd)
+    return printed.getvalue()
 
 
 def readme_shell_blocks(root: Path) -> List[str]:
@@ -205,6 +229,13 @@ def run_all(root: Path, work: Path) -> Dict[str, Any]:
             results["scripts"][title] = None
         except BaseException:  # noqa: BLE001 - recorded, the caller asserts
             results["scripts"][title] = traceback.format_exc()
+    results["printed"] = []
+    for name, code, expected in printed_examples(root):
+        try:
+            printed = run_printed_example(name, code, Path(tempfile.mkdtemp(dir=work)))
+        except BaseException:  # noqa: BLE001 - recorded, the caller asserts
+            printed = traceback.format_exc()
+        results["printed"].append({"page": name, "expected": expected, "printed": printed})
     bindir = Path(sys.executable).parent
     for block in readme_shell_blocks(root):
         returncode, text = run_shell_block(block, Path(tempfile.mkdtemp(dir=work)), bindir)

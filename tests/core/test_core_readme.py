@@ -22,8 +22,10 @@ from _docs_blocks import (
     doctest_pages,
     page_name,
     pages,
+    printed_examples,
     readme_shell_blocks,
     run_doctests,
+    run_printed_example,
     run_scripts,
     run_shell_block,
     sections,
@@ -117,3 +119,10 @@ def test_readme_shell_blocks_run(block: str, tmp_path: Path) -> None:
     returncode, text = run_shell_block(block, tmp_path, bindir)
     failure = shell_block_failure(returncode, text)
     assert failure is None, f"{failure}:\n{text}"
+
+
+@pytest.mark.parametrize("name,code,expected", printed_examples(ROOT))
+def test_printed_examples_print_what_the_docs_show(
+    name: str, code: str, expected: str, tmp_path: Path
+) -> None:
+    assert run_printed_example(name, code, tmp_path) == expected

@@ -220,6 +220,17 @@ def test_every_python_block_of_the_docs_runs_from_the_wheel(
     assert failed == {}, "\n\n".join(f"{t}:\n{tb}" for t, tb in failed.items())
 
 
+def test_every_printed_example_of_the_docs_prints_what_they_show(
+    docs_results: Dict[str, Any],
+) -> None:
+    printed = docs_results["printed"]
+    assert len(printed) >= 1  # the README's first example and its LoadReport
+    wrong = [p for p in printed if p["printed"] != p["expected"]]
+    assert wrong == [], "\n\n".join(
+        f"{p['page']}: the docs show\n{p['expected']}\nit printed\n{p['printed']}" for p in wrong
+    )
+
+
 def test_the_readme_quickstart_shell_blocks_run_from_the_wheel(
     docs_results: Dict[str, Any],
 ) -> None:
