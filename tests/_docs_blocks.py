@@ -25,7 +25,9 @@ the installed command's ``--help`` instead (`cli_uses`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import doctest
+import io
 import json
 import os
 import re
@@ -36,7 +38,7 @@ import tempfile
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 BLOCK = re.compile(r"```python\n(.*?)```", flags=re.S)
 # a python block and, right after it, the output it prints
@@ -100,9 +102,6 @@ def printed_examples(root: Path) -> List[Tuple[str, str, str]]:
 
 def run_printed_example(name: str, code: str, cwd: Path) -> str:
     """What ``code`` prints to stdout, run on its own in ``cwd`` (a fresh namespace)."""
-    import contextlib
-    import io
-
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         run_scripts(f"{name} (printed example)", [code], cwd)
@@ -118,32 +117,50 @@ def readme_shell_blocks(root: Path) -> List[str]:
 
 
 def cli_uses(root: Path) -> List[Tuple[str, List[str], List[str]]]:
-    """``(page name, [command, subcommand...], [--options])`` for each ``safetorch ...`` line of
-    every shell block of every page (comments, redirections and pipes cut off)."""
+    """``(page name, [command, subcommand...], [--options])`` for each ``safetorch ...`` command
+    of every shell block of every page (comments, redirections and pipes cut off)."""
     out = []
     for page in pages(root):
         for block in ANY_SHELL_BLOCK.findall(page.read_text(encoding="utf-8")):
             for line in block.splitlines():
                 for part in re.split(r"&&|\|\||;|\|", line.split("  #")[0]):
-                    try:
-                        words = shlex.split(part.strip().removeprefix("$ "), comments=True)
-                    except ValueError:  # a heredoc body line
-                        continue
-                    if not words or words[0] != "safetorch":
-                        continue
-                    words = [w for w in words if not w.startswith((">", "<"))]
-                    command = ["safetorch"]
-                    for word in words[1:]:  # `safetorch ckpt inspect a.pt` -> ckpt inspect
-                        if word.startswith("-") or not re.fullmatch(r"[a-z][a-z-]*", word):
-                            break
-                        command.append(word)
-                    if command[1:2] == ["run"]:  # what follows the script is the script's
-                        ends = [i for i, w in enumerate(words) if w.endswith(".py")]
-                        ends += [i + 1 for i, w in enumerate(words) if w == "-m"]
-                        words = words[: min(ends)] if ends else words
-                    options = [w.split("=")[0] for w in words if re.match(r"--?[A-Za-z]", w)]
-                    out.append((page_name(root, page), command, options))
+                    use = _cli_use(part)
+                    if use is not None:
+                        out.append((page_name(root, page), *use))
     return out
+
+
+def _cli_use(part: str) -> Optional[Tuple[List[str], List[str]]]:
+    """``([command, subcommand...], [--options])`` of one shell command, or None when it is
+    not a ``safetorch`` command (or not shell words: a heredoc body line)."""
+    try:
+        words = shlex.split(part.strip().removeprefix("$ "), comments=True)
+    except ValueError:
+        return None
+    if not words or words[0] != "safetorch":
+        return None
+    words = [w for w in words if not w.startswith((">", "<"))]
+    command = ["safetorch"]
+    for word in words[1:]:  # `safetorch ckpt inspect a.pt` -> ckpt inspect
+        if word.startswith("-") or not re.fullmatch(r"[a-z][a-z-]*", word):
+            break
+        command.append(word)
+    if command[1:2] == ["run"]:  # what follows the script is the script's
+        ends = [i for i, w in enumerate(words) if w.endswith(".py")]
+        ends += [i + 1 for i, w in enumerate(words) if w == "-m"]
+        words = words[: min(ends)] if ends else words
+    options = [w.split("=")[0] for w in words if re.match(r"--?[A-Za-z]", w)]
+    return command, options
+
+
+@contextlib.contextmanager
+def _working_directory(cwd: Path) -> Iterator[None]:
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(here)
 
 
 def _warnings_as_in_the_suite() -> None:
@@ -157,12 +174,14 @@ def _warnings_as_in_the_suite() -> None:
     warnings.simplefilter("ignore", SafetorchWarning)
 
 
-def run_doctests(name: str, text: str) -> Tuple[int, int, str]:
-    """``(attempted, failed, report)`` for one page's doctest blocks, one namespace."""
+def run_doctests(name: str, text: str, cwd: Path) -> Tuple[int, int, str]:
+    """``(attempted, failed, report)`` for one page's doctest blocks, one namespace, in
+    ``cwd``."""
     test = doctest.DocTestParser().get_doctest(text, {}, name, name, 0)
     report: List[str] = []
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    result = runner.run(test, out=report.append)
+    with _working_directory(cwd):
+        result = runner.run(test, out=report.append)
     return result.attempted, result.failed, "".join(report)
 
 
@@ -171,16 +190,13 @@ def run_scripts(title: str, scripts: List[str], cwd: Path) -> None:
     raise. Patches a block applied are undone afterwards."""
     import safetorch as st
 
-    here = os.getcwd()
-    os.chdir(cwd)
     namespace: Dict[str, Any] = {"__name__": "__readme__"}
     try:
-        with warnings.catch_warnings():
+        with _working_directory(cwd), warnings.catch_warnings():
             _warnings_as_in_the_suite()
             for i, code in enumerate(scripts):
                 exec(compile(code, f"{title}#{i}", "exec"), namespace)  # noqa: S102 - our docs
     finally:
-        os.chdir(here)
         st.unpatch()
 
 
@@ -215,13 +231,7 @@ def run_all(root: Path, work: Path) -> Dict[str, Any]:
         "shell": [],
     }
     for name, text in doctest_pages(root):
-        cwd = Path(tempfile.mkdtemp(dir=work))
-        here = os.getcwd()
-        os.chdir(cwd)
-        try:
-            attempted, failed, report = run_doctests(name, text)
-        finally:
-            os.chdir(here)
+        attempted, failed, report = run_doctests(name, text, Path(tempfile.mkdtemp(dir=work)))
         results["doctests"][name] = {"attempted": attempted, "failed": failed, "report": report}
     for title, scripts in sections(root):
         try:

@@ -95,10 +95,12 @@ def test_every_st_name_the_docs_teach_is_listed_and_resolves() -> None:
     assert plumbing <= taught, f"listed by dir(st) but taught nowhere: {plumbing - taught}"
 
 
-def test_doctests_pass() -> None:
+def test_doctests_pass(tmp_path: Path) -> None:
     attempted = 0
     for name, text in doctest_pages(ROOT):
-        tried, failed, report = run_doctests(name, text)
+        cwd = tmp_path / name.replace("/", "_")  # an example that writes a file writes it here
+        cwd.mkdir()
+        tried, failed, report = run_doctests(name, text, cwd)
         attempted += tried
         assert failed == 0, f"an example in {name} failed:\n{report}"
     assert attempted > 10

@@ -143,7 +143,6 @@ def clean_venv(tmp_path_factory: Any) -> Dict[str, Any]:
         "work": work,
         "python": python,
         "site": site,
-        "wheel": wheel,
         "provided": sorted(provided),
         "env": env,
     }
