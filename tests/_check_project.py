@@ -1,18 +1,32 @@
 """A tiny project in a temporary directory, checked as ``safetorch check DIR`` checks one: the
-shared helpers of the cross-file tests in tests/check (issue 34)."""
+shared helpers of the cross-file tests in tests/check (issue 34), and :func:`run_fixed`, which
+runs what a rule's fix made of a snippet."""
 
 from __future__ import annotations
 
 import sys
 import textwrap
+import warnings
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List
+from typing import Any, Dict, Iterable, Iterator, List, Sequence
 
 import pytest
 
-from safetorch.check import project
+from safetorch.check import fix_source, project
 from safetorch.check.engine import Diagnostic
 from safetorch.check.runner import check_paths
+
+
+def run_fixed(source: str, select: Sequence[str]) -> Dict[str, Any]:
+    """The globals of ``source`` after the unsafe fixes of ``select``, run with plain torch
+    (asserts that some fix was made)."""
+    after = fix_source(source, select=list(select), unsafe_fixes=True)
+    assert after != source, "expected a fix"
+    namespace: Dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(after, "<fixed>", "exec"), namespace)
+    return namespace
 
 
 def write_project(root: Path, files: Dict[str, str]) -> None:

@@ -4,13 +4,13 @@ and which code is the legacy project's own (the ``legacy`` patch changes semanti
 from __future__ import annotations
 
 import os
-import re
 import sys
 import sysconfig
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from safetorch._eras import marks_0_3
 from safetorch._stack import TORCH_DIR, first_frame_outside
 from safetorch.patching._report import SKIP_ALWAYS
 from safetorch.patching._routing import WrapperFn
@@ -132,13 +132,6 @@ _LIBRARY_DIRS: Tuple[str, ...] = tuple(
     )
 )
 _LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-# Files that say they were written for torch <= 0.3: a Variable built, named or imported;
-# volatile=.
-_ERA_03 = re.compile(
-    rb"\bVariable\s*\(|\bautograd\.Variable\b|\bvolatile\s*="
-    rb"|^\s*from\s+torch\.autograd\s+import[^\n]*\bVariable\b",
-    re.M,
-)
 _project_files: Dict[str, bool] = {}
 _era_files: Dict[str, bool] = {}
 _era: Dict[str, Any] = {"found": False, "modules": -1, "root": None}
@@ -188,7 +181,7 @@ def _marked_03(filename: str) -> bool:
     if known is None:
         try:
             with open(filename, "rb") as fh:
-                known = _ERA_03.search(fh.read(1 << 20)) is not None
+                known = marks_0_3(fh.read(1 << 20))
         except OSError:
             known = False
         _era_files[filename] = known

@@ -19,7 +19,7 @@ _EXPECT = re.compile(r"# expect: ([A-Z0-9 ]+)")
 
 FINDING_FIXTURES = sorted(
     p for p in FIXTURES.glob("*.py") if not p.name.endswith((".in.py", ".out.py"))
-)
+) + sorted((FIXTURES / "issue34").glob("*.py"))  # a project of its own (its setup.cfg)
 # The labelled corpus of real-code idioms: corpus/<rule>_tp.py / <rule>_fp.py.
 CORPUS = sorted((FIXTURES / "corpus").glob("*.py"))
 FIX_PAIRS = sorted(FIXTURES.glob("*.in.py"))

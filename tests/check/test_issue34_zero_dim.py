@@ -4,14 +4,14 @@ the value 0-dim, and every fixed idiom is run with plain torch."""
 from __future__ import annotations
 
 import textwrap
-import warnings
 from typing import Any, Dict, List
 
 import pytest
 import torch
 
-from safetorch.check import check_source, fix_source
+from safetorch.check import check_source
 from safetorch.check.engine import Diagnostic
+from tests._check_project import run_fixed
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -21,14 +21,7 @@ def _findings(body: str) -> List[Diagnostic]:
 
 
 def _run_fixed(body: str) -> Dict[str, Any]:
-    source = HEADER + textwrap.dedent(body)
-    after = fix_source(source, select=["ST020"], unsafe_fixes=True)
-    assert after != source, "expected a fix"
-    namespace: Dict[str, Any] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        exec(compile(after, "<fixed>", "exec"), namespace)
-    return namespace
+    return run_fixed(HEADER + textwrap.dedent(body), ["ST020"])
 
 
 def test_a_criterion_passed_as_a_parameter_is_followed_to_its_callers() -> None:
@@ -140,3 +133,88 @@ def test_a_dict_key_of_unknown_dims_from_max_gets_no_fix() -> None:
     """
     (finding,) = _findings(body)
     assert finding.fix is None
+
+
+def test_a_1_d_max_index_as_a_dict_key_in_a_range_comprehension_gets_item() -> None:
+    # 0.2/0.3: max(1) dropped the dim and idx[i] was a Python int; now a 0-dim tensor, which
+    # a dict of ints never finds (tensors hash by identity)
+    body = """
+        ix_to_tag = {v: k for k, v in {"DET": 0, "NN": 1}.items()}
+
+        def tags(scores):
+            _, idx = scores.data.max(1)
+            return [ix_to_tag[idx[i]] for i in range(scores.size(0))]
+
+        got = tags(torch.tensor([[0.1, 0.9], [0.7, 0.3]]))
+    """
+    (finding,) = _findings(body)
+    assert finding.fix is not None
+    assert _run_fixed(body)["got"] == ["NN", "DET"]
+
+
+def test_a_sample_returned_and_passed_to_a_method_reaches_its_dict_key() -> None:
+    body = """
+        MOVES = {0: -1, 1: 1}
+
+        class Walk(object):
+            def step(self, action):
+                return MOVES[action]
+
+        def select(probs):
+            action = probs.multinomial(1).view(-1)
+            return action.data[0]
+
+        env = Walk()
+        move = env.step(select(torch.tensor([0.0, 1.0])))
+    """
+    (finding,) = _findings(body)
+    assert finding.fix is not None and "action.data[0].item()" in finding.fix.message
+    assert _run_fixed(body)["move"] == 1
+
+
+def test_the_plain_dict_key_raises_on_plain_torch_before_the_fix() -> None:
+    moves = {0: -1, 1: 1}
+    action = torch.tensor([1])
+    with pytest.raises(KeyError):
+        moves[action.data[0]]  # what the fix replaces: it can only raise today
+    assert moves[action.data[0].item()] == 1
+
+
+def test_a_defaultdict_key_of_unknown_dims_gets_no_fix() -> None:
+    # a defaultdict answers a fresh tensor key with its default: the code may run as it is
+    body = """
+        from collections import defaultdict
+        counts = defaultdict(int)
+
+        def count(scores):
+            _, idx = scores.data.max(1)
+            return counts[idx[0]]
+    """
+    (finding,) = _findings(body)
+    assert finding.fix is None
+
+
+def test_a_key_passed_to_an_unrelated_method_is_not_followed() -> None:
+    # opt.step(...) of an object the file did not build: its parameters are not the file's
+    body = """
+        table = {0: "a"}
+
+        def pick(scores, opt):
+            _, idx = scores.max(1)
+            opt.step(idx[0])
+    """
+    assert _findings(body) == []
+
+
+def test_an_accumulator_started_in_a_tuple_assignment_is_followed() -> None:
+    body = """
+        criterion = nn.MSELoss()
+        total, seen = 0, []
+        for _ in range(2):
+            loss = criterion(torch.ones(3), torch.zeros(3))
+            total += loss.data
+        average = total[0] / 2
+    """
+    (finding,) = _findings(body)
+    assert finding.fix is not None
+    assert _run_fixed(body)["average"] == 1.0

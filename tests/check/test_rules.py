@@ -47,6 +47,9 @@ PUBLIC_SAFETORCH_NAMES = {
     "st.legacy.eig",
     "st.legacy.symeig",
     "st.legacy.matrix_rank",
+    "st.legacy.div",
+    "st.legacy.div_",
+    "st.legacy.view",
 }
 
 

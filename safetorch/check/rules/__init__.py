@@ -30,6 +30,7 @@ from safetorch.check.rules.fork_threads import ForkAfterOpenMP
 from safetorch.check.rules.legacy_0_4 import LegacyLossReduction, VolatileVariable, ZeroDimIndex
 from safetorch.check.rules.legacy_1_x import LegacyAutogradFunction, RemovedLinalgFunction
 from safetorch.check.rules.legacy_keys import LegacyStateDictKeys
+from safetorch.check.rules.legacy_semantics import LegacyIntegerDivision, ViewOfStridedResult
 from safetorch.check.rules.lint import BiasBeforeBatchNorm, DropoutBeforeBatchNorm, layer_flow
 from safetorch.check.rules.load import LoadWithoutMapLocation, LoadWithoutWeightsOnly, payloads
 from safetorch.check.rules.pin_memory import CustomBatchWithoutPinMemory
@@ -88,6 +89,8 @@ __all__ = [
     "LegacyLossReduction",
     "ForkAfterOpenMP",
     "LegacyStateDictKeys",
+    "LegacyIntegerDivision",
+    "ViewOfStridedResult",
 ]
 
 #: The ``--select`` token that turns on every preview rule.
@@ -119,6 +122,8 @@ RULES: Tuple[Type[Rule], ...] = (
     LegacyLossReduction,
     ForkAfterOpenMP,
     LegacyStateDictKeys,
+    LegacyIntegerDivision,
+    ViewOfStridedResult,
 )
 
 

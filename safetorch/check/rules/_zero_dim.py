@@ -20,7 +20,7 @@ from safetorch.check.rules._helpers import (
     statements_in_order,
 )
 
-__all__ = ["SCALAR_NAMES", "ZeroDim", "int_constant", "numpy_source"]
+__all__ = ["SCALAR_NAMES", "Unpacked", "ZeroDim", "int_constant", "numpy_source"]
 
 #: Names that say a value is a scalar where no producer is visible (ST020, for ``.data[0]``).
 SCALAR_NAMES = ("loss", "acc", "correct", "total", "err", "cost")
@@ -112,7 +112,7 @@ def int_constant(node: ast.AST) -> Optional[int]:
     return None
 
 
-class _Unpacked(ast.AST):
+class Unpacked(ast.AST):
     """``a, b = value``: the binding of one name of an unpacking (element ``index``)."""
 
     _fields = ()
@@ -142,6 +142,7 @@ class ZeroDim:
         self._functions: Optional[Dict[str, List[ast.FunctionDef]]] = None
         self._calls: Optional[Dict[str, List[ast.Call]]] = None
         self._dicts: Optional[Tuple[Set[str], Set[str]]] = None
+        self._defaulting: Tuple[Set[str], Set[str]] = (set(), set())
         self._class_defs: Optional[List[ast.ClassDef]] = None
 
     # -- where names come from ---------------------------------------------------------------
@@ -157,9 +158,17 @@ class ZeroDim:
                     if isinstance(target, ast.Name):
                         found.setdefault(target.id, []).append((start_of(stmt), stmt.value, False))
                     elif isinstance(target, (ast.Tuple, ast.List)):
+                        value = stmt.value
+                        # a, b = 0, []: each name its own element
+                        literal = isinstance(value, (ast.Tuple, ast.List)) and len(
+                            value.elts
+                        ) == len(target.elts)
                         for i, elt in enumerate(target.elts):
                             if isinstance(elt, ast.Name):
-                                item = _Unpacked(stmt.value, i)
+                                item: ast.AST = Unpacked(value, i)
+                                if literal:
+                                    assert isinstance(value, (ast.Tuple, ast.List))
+                                    item = value.elts[i]
                                 found.setdefault(elt.id, []).append((start_of(stmt), item, False))
                 elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
                     found.setdefault(stmt.target.id, []).append((start_of(stmt), stmt.value, True))
@@ -185,13 +194,18 @@ class ZeroDim:
                     self._functions.setdefault(node.name, []).append(node)
         return self._functions.get(name, [])
 
-    def _call_sites(self, name: str) -> List[ast.Call]:
+    def call_sites(self, name: str) -> List[ast.Call]:
+        """The calls ``name(...)`` of the file."""
         if self._calls is None:
             self._calls = {}
             for node in self.ctx.walk(self.ctx.tree):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                     self._calls.setdefault(node.func.id, []).append(node)
         return self._calls.get(name, [])
+
+    def bound_names(self, scope: ast.AST) -> Set[str]:
+        """The plain names ``scope`` assigns (a parameter among them is rebound)."""
+        return set(self._bindings(scope))
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The function (or the module) whose body holds ``node``."""
@@ -209,7 +223,7 @@ class ZeroDim:
 
     def _from_callers(self, fn: ast.FunctionDef, index: int, depth: int) -> Optional[bool]:
         """A parameter decided from the argument every call site in the file passes."""
-        calls = self._call_sites(fn.name)
+        calls = self.call_sites(fn.name)
         if not calls or len(self.functions(fn.name)) != 1:
             return None
         name = fn.args.args[index].arg
@@ -325,7 +339,7 @@ class ZeroDim:
     def _loss_from_callers(self, fn: ast.FunctionDef, index: int, depth: int) -> Optional[bool]:
         """A ``criterion`` parameter called in ``fn``: decided from what every call site of
         ``fn`` in the file passes (``train(model, nn.MSELoss())``, ``train(..., criterion)``)."""
-        calls = self._call_sites(fn.name)
+        calls = self.call_sites(fn.name)
         if not calls or len(self.functions(fn.name)) != 1 or depth > 8:
             return None
         name = fn.args.args[index].arg
@@ -386,8 +400,69 @@ class ZeroDim:
             )
         if isinstance(expr, ast.Name):
             found = self.binding(expr.id, at, scope)
-            return found is not None and self.is_number(found[0], found[1], found[2], depth)
+            if found is None:
+                return self._range_variable(expr)
+            return self.is_number(found[0], found[1], found[2], depth)
         return False
+
+    def _range_variable(self, name: ast.Name) -> bool:
+        """``i`` inside ``for i in range(...)`` or ``[... for i in range(...)]``."""
+        up = parents(self.ctx)
+        node = up.get(id(name))
+        while node is not None and not isinstance(node, (*FUNCTION_DEFS, ast.Lambda)):
+            loops: List[Tuple[ast.AST, ast.AST]] = []
+            if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+                loops = [(g.target, g.iter) for g in node.generators]
+            elif isinstance(node, ast.For):
+                loops = [(node.target, node.iter)]
+            for target, values in loops:
+                if isinstance(target, ast.Name) and target.id == name.id:
+                    return (
+                        isinstance(values, ast.Call)
+                        and isinstance(values.func, ast.Name)
+                        and values.func.id == "range"
+                        and "range" not in self.ctx.imports
+                        and not self.functions("range")
+                    )
+            node = up.get(id(node))
+        return False
+
+    def callee(self, call: ast.Call) -> Optional[Tuple[ast.FunctionDef, int]]:
+        """The file's function a call runs, and how many leading parameters the call does
+        not pass (1 for ``self``): ``f(...)`` of the file's one ``f``, ``self.m(...)`` in a
+        class that defines ``m``, ``obj.m(...)`` where ``obj = Cls(...)`` of a class of the
+        file; None otherwise."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            fns = self.functions(func.id)
+            if len(fns) != 1 or func.id in self.ctx.imports:
+                return None
+            if self.binding(func.id, start_of(call), self.scope_of(call)) is not None:
+                return None
+            owner = parents(self.ctx).get(id(fns[0]))
+            return (fns[0], 0) if not isinstance(owner, ast.ClassDef) else None
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+            return None
+        receiver = func.value.id
+        classes: List[ast.ClassDef] = []
+        if receiver == "self":
+            scope: Optional[ast.AST] = self.scope_of(call)
+            owner = parents(self.ctx).get(id(scope)) if scope is not None else None
+            if isinstance(owner, ast.ClassDef):
+                classes = [owner]
+        else:
+            found = self.binding(receiver, start_of(call), self.scope_of(call))
+            made = None if found is None else found[0]
+            if isinstance(made, ast.Call) and isinstance(made.func, ast.Name):
+                classes = [c for c in self._classes() if c.name == made.func.id]
+        if len(classes) != 1:
+            return None
+        methods = [
+            s for s in classes[0].body if isinstance(s, ast.FunctionDef) and s.name == func.attr
+        ]
+        if len(methods) != 1 or not methods[0].args.args:
+            return None
+        return methods[0], 1
 
     # -- shapes ------------------------------------------------------------------------------
     def ndim(self, expr: ast.AST, at: Pos, scope: ast.AST, depth: int = 0) -> Optional[int]:
@@ -400,7 +475,7 @@ class ZeroDim:
         if isinstance(expr, ast.Name):
             found = self.binding(expr.id, at, scope)
             return None if found is None else self.ndim(found[0], found[1], found[2], depth)
-        if isinstance(expr, _Unpacked):
+        if isinstance(expr, Unpacked):
             return self._pair_ndim(expr.value, at, scope, depth)
         if isinstance(expr, ast.Subscript):
             pair = int_constant(expr.slice)
@@ -501,7 +576,7 @@ class ZeroDim:
             if found is None:
                 return False
             expr = found[0]
-        call = expr.value if isinstance(expr, _Unpacked) else expr
+        call = expr.value if isinstance(expr, Unpacked) else expr
         return (
             isinstance(call, ast.Call)
             and isinstance(call.func, ast.Attribute)
@@ -522,7 +597,7 @@ class ZeroDim:
         if isinstance(expr, ast.Name):
             found = self.binding(expr.id, at, scope)
             return found is not None and self.is_tensor(found[0], found[1], found[2], depth)
-        if isinstance(expr, _Unpacked):
+        if isinstance(expr, Unpacked):
             call = expr.value
             return (
                 isinstance(call, ast.Call)
@@ -545,8 +620,9 @@ class ZeroDim:
             )
         return False
 
-    def is_dict(self, expr: ast.AST) -> bool:
-        """Whether ``expr`` is a name or attribute the file assigns a dict literal to."""
+    def is_dict(self, expr: ast.AST, plain: bool = False) -> bool:
+        """Whether ``expr`` is a name or attribute the file assigns a dict literal to (with
+        ``plain``: and never a ``defaultdict``/``Counter``, whose missing keys get a value)."""
         if self._dicts is None:
             names: Set[str] = set()
             attrs: Set[str] = set()
@@ -561,17 +637,21 @@ class ZeroDim:
                     )
                     if not is_dict:
                         continue
+                    defaulting = isinstance(value, ast.Call) and getattr(
+                        value.func, "id", getattr(value.func, "attr", "")
+                    ) in ("defaultdict", "Counter")
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     for target in targets:
                         if isinstance(target, ast.Name):
                             names.add(target.id)
+                            if defaulting:
+                                self._defaulting[0].add(target.id)
                         elif isinstance(target, ast.Attribute):
                             attrs.add(target.attr)
+                            if defaulting:
+                                self._defaulting[1].add(target.attr)
             self._dicts = (names, attrs)
-        names, attrs = self._dicts
-        if isinstance(expr, ast.Name):
-            return expr.id in names
-        return isinstance(expr, ast.Attribute) and expr.attr in attrs
+        return _named(expr, self._dicts) and not (plain and _named(expr, self._defaulting))
 
     # -- 0-dim -------------------------------------------------------------------------------
     def decide(self, expr: ast.AST, at: Pos, scope: ast.AST, depth: int) -> Optional[bool]:
@@ -591,7 +671,7 @@ class ZeroDim:
             return self.decide(expr.value, at, scope, depth)
         if isinstance(expr, ast.Name):
             return self._value_of(expr.id, at, scope, depth)
-        if isinstance(expr, _Unpacked):
+        if isinstance(expr, Unpacked):
             return self._item(expr, at, scope, depth)
         if isinstance(expr, ast.UnaryOp):
             return self.decide(expr.operand, at, scope, depth)
@@ -620,7 +700,7 @@ class ZeroDim:
             return self._call(expr, at, scope, depth)
         return None
 
-    def _item(self, item: _Unpacked, at: Pos, scope: ast.AST, depth: int) -> Optional[bool]:
+    def _item(self, item: Unpacked, at: Pos, scope: ast.AST, depth: int) -> Optional[bool]:
         """``a, b = f(...)`` with ``f`` a function of the file returning tuples."""
         call = item.value
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
@@ -685,6 +765,14 @@ class ZeroDim:
             if self.binding(func.id, at, scope) is None:
                 return self._returns(func.id, depth)
         return loss
+
+
+def _named(expr: ast.AST, table: Tuple[Set[str], Set[str]]) -> bool:
+    """Whether ``expr`` is one of the names, or an attribute of one of the attribute names."""
+    names, attrs = table
+    if isinstance(expr, ast.Name):
+        return expr.id in names
+    return isinstance(expr, ast.Attribute) and expr.attr in attrs
 
 
 def _literal_depth(node: ast.AST) -> Optional[int]:

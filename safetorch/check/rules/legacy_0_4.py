@@ -168,26 +168,7 @@ class ZeroDimIndex(Rule):
         ndim = flow.ndim(node, at, scope)
         if (ndim or 0) > 0:
             return  # a row, not a number: indexing it gave a tensor in 0.3 too
-        keys: List[ast.Subscript] = []
-        if isinstance(outer, ast.Subscript) and outer.slice is node:
-            keys.append(outer)
-        elif (
-            isinstance(outer, ast.Assign)
-            and outer.value is node
-            and len(outer.targets) == 1
-            and isinstance(outer.targets[0], ast.Name)
-        ):
-            name = outer.targets[0].id
-            keys = [
-                n
-                for n in self.ctx.walk(scope)
-                if isinstance(n, ast.Subscript)
-                and isinstance(n.slice, ast.Name)
-                and n.slice.id == name
-                and start_of(n) > at
-                and flow.scope_of(n) is scope
-            ]
-        used = [k for k in keys if flow.is_dict(k.value)]
+        used = [k for k in self._key_uses(node, 0) if flow.is_dict(k.value)]
         if not used:
             return
         message = (
@@ -196,7 +177,21 @@ class ZeroDimIndex(Rule):
             "(tensors hash by identity): use .item() (st.legacy.zero_dim_index, what "
             "safetorch run uses, cannot change an index that works in plain torch)"
         )
-        if ndim != 0 and not flow.same_shape_since_0_1(node, at, scope):
+        single = not (
+            isinstance(node.value, ast.Subscript)
+            or (
+                isinstance(node.value, ast.Attribute)
+                and isinstance(node.value.value, ast.Subscript)
+            )
+        )
+        lookups = all(
+            isinstance(k.ctx, ast.Load) and flow.is_dict(k.value, plain=True) for k in used
+        )
+        if (
+            ndim != 0
+            and not flow.same_shape_since_0_1(node, at, scope)
+            and not (single and lookups)
+        ):
             # x.max(1) kept the dim before torch 0.2: x[0][0] may now index a 0-dim value
             self.report(
                 node,
@@ -208,6 +203,52 @@ class ZeroDimIndex(Rule):
         text = f"{self.ctx.segment(node)}.item()"
         fix = Fix(f"use {text}", (self.ctx.insert_after(node, ".item()"),), UNSAFE)
         self.report(node, message, fix)
+
+    def _key_uses(self, value: ast.expr, depth: int) -> List[ast.Subscript]:
+        """The subscripts ``value`` reaches as the key: ``d[value]`` itself, through the name
+        it is assigned to (later in that scope), its function's return (each call site of the
+        file), and the parameter of the file's function or method it is passed to."""
+        if depth > 4:
+            return []
+        flow = self.flow
+        outer = parents(self.ctx).get(id(value))
+        uses: List[ast.expr] = []
+        if isinstance(outer, ast.Subscript) and outer.slice is value:
+            return [outer]
+        if (
+            isinstance(outer, ast.Assign)
+            and outer.value is value
+            and len(outer.targets) == 1
+            and isinstance(outer.targets[0], ast.Name)
+        ):
+            scope = flow.scope_of(value)
+            uses = self._loads(scope, outer.targets[0].id, start_of(outer))
+        elif isinstance(outer, ast.Return) and outer.value is value:
+            fn = flow.scope_of(value)
+            if isinstance(fn, ast.FunctionDef) and len(flow.functions(fn.name)) == 1:
+                uses = [c for c in flow.call_sites(fn.name) if flow.callee(c) is not None]
+        elif isinstance(outer, ast.Call) and value in outer.args:
+            target = flow.callee(outer)
+            if target is not None:
+                fn, skipped = target
+                index = outer.args.index(value) + skipped
+                if index < len(fn.args.args) and not has_star(outer):
+                    name = fn.args.args[index].arg
+                    if name not in flow.bound_names(fn):
+                        uses = self._loads(fn, name, start_of(fn))
+        return [key for use in uses for key in self._key_uses(use, depth + 1)]
+
+    def _loads(self, scope: ast.AST, name: str, after: Pos) -> List[ast.expr]:
+        """The reads of ``name`` in ``scope`` (not in functions nested in it) after ``after``."""
+        return [
+            n
+            for n in self.ctx.walk(scope)
+            if isinstance(n, ast.Name)
+            and n.id == name
+            and isinstance(n.ctx, ast.Load)
+            and start_of(n) > after
+            and self.flow.scope_of(n) is scope
+        ]
 
 
 _VARIABLE = ("torch.autograd.Variable", "torch.autograd.variable.Variable")
