@@ -162,6 +162,18 @@ DYNAMO_HAS_TRACE_RULES: bool = _flag(
     "torch/_dynamo/trace_rules.py exists",
 )
 
+# dynamo 2.1 refuses type() of a container the traced code built itself ("Can't call type() on
+# generated custom object", UserError; pytorch/pytorch#109056); 2.2's BuiltinVariable.call_type
+# builds the type of a sourceless value (SourcelessBuilder). An internal behaviour with nothing
+# to probe without tracing: decided by the release (read in the 2.1.2 and 2.2.2 wheels).
+DYNAMO_TYPES_BUILT_VALUES: bool = _flag(
+    "DYNAMO_TYPES_BUILT_VALUES",
+    TORCH_RELEASE >= (2, 2),
+    "2.2",
+    "pytorch/pytorch#109056; torch/_dynamo/variables/builtin.py call_type",
+    "TORCH_RELEASE >= (2, 2)",
+)
+
 # torch.library.custom_op: a Python function registered as an operator dynamo puts into the
 # graph opaquely (it runs eagerly, with real values, every time the graph runs).
 HAS_CUSTOM_OP: bool = _flag(

@@ -70,6 +70,8 @@ from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 
 import torch
 
+from safetorch import _compat
+
 __all__ = ["map_tensors", "iter_tensors", "iter_named_tensors", "attribute_names", "DESCEND"]
 
 _Tensor = torch.Tensor
@@ -112,7 +114,7 @@ def map_tensors(
     def walk(o: Any) -> Any:
         if isinstance(o, _Tensor):
             return fn(o)
-        cls = type(o)
+        cls = _class_of(o)
         if cls is dict:  # the common containers first, exactly
             return {k: walk(v) for k, v in o.items()}
         if cls is list:
@@ -141,6 +143,37 @@ def map_tensors(
         return o if leaf is None else leaf(o)
 
     return walk(obj)
+
+
+def _class_while_traced(o: Any) -> Any:
+    """``type(o)``, also where dynamo 2.1 refuses ``type()`` of a value the traced code built
+    ("Can't call type() on generated custom object", pytorch/pytorch#109056): while tracing,
+    a ``dict`` or ``list`` is told by ``isinstance`` (``OrderedDict``, ``defaultdict``,
+    tuples and the rest still go through ``type()``; a dict or list subclass of the user's
+    own is taken for its base class there, and rebuilt as one).
+
+    >>> _class_while_traced({"a": 1}), _class_while_traced((1,))
+    (<class 'dict'>, <class 'tuple'>)
+    """
+    if not _compat.tracing():
+        return type(o)
+    if isinstance(o, dict) and not isinstance(
+        o, (collections.OrderedDict, collections.defaultdict)
+    ):
+        return dict
+    if isinstance(o, list):
+        return list
+    return type(o)  # dynamo 2.1 answers it for a tuple (not for a namedtuple it built)
+
+
+#: ``_class_of(o)``: ``type(o)``, or :func:`_class_while_traced` on dynamo 2.1.
+_class_of: Callable[[Any], Any] = type
+
+
+@_compat.register_binder
+def _bind_class_of() -> None:
+    global _class_of
+    _class_of = type if _compat.DYNAMO_TYPES_BUILT_VALUES else _class_while_traced
 
 
 def iter_tensors(obj: Any, *, objects: bool = False) -> Iterator[torch.Tensor]:

@@ -278,6 +278,32 @@ def test_safe_copy_fullgraph_matches_eager(backend: str) -> None:
     assert plain.data_ptr() != w.data_ptr()
 
 
+def test_safe_copy_dynamo_2_1_branch_matches_type_on_this_torch() -> None:
+    # The branch dynamo 2.1 takes (it refuses type() of a dict or list the traced code built,
+    # pytorch#109056): forced here, it traces with this torch's dynamo and gives what eager
+    # gives; in eager it is type() itself (a state dict stays an OrderedDict with _metadata,
+    # a dict subclass stays itself).
+    class Config(dict):
+        pass
+
+    sd = nn.Linear(2, 2).state_dict()
+    with _compat.override(DYNAMO_TYPES_BUILT_VALUES=False):
+        eager = st.safe_copy({"sd": sd, "cfg": Config(a=torch.ones(1)), "t": (torch.ones(2),)})
+        assert type(eager["sd"]) is type(sd) and eager["sd"]._metadata == sd._metadata
+        assert type(eager["cfg"]) is Config and type(eager["t"]) is tuple
+
+        def fn(w: torch.Tensor) -> Any:
+            return st.safe_copy({"w": w * 2, "parts": [w + 1, (w.sum(), w[:1])]})
+
+        torch._dynamo.reset()
+        w = torch.randn(3, requires_grad=True)
+        actual = _fullgraph(fn, "eager")(w)
+        torch.testing.assert_close(actual, fn(w), rtol=0, atol=0)
+        assert type(actual) is dict and type(actual["parts"]) is list
+        assert not actual["w"].requires_grad and not actual["parts"][1][0].requires_grad
+    torch._dynamo.reset()
+
+
 def test_safe_copy_with_plain_values_compiles() -> None:
     # Non-tensor values are deep-copied; torch 2.8's dynamo cannot trace copy.deepcopy
     # ("Unsupported: copy.deepcopy()", 2.13's can), so this runs without fullgraph.
