@@ -17,6 +17,7 @@ error. tests/core/test_core_typing.py keeps those imports, ``__all__`` and ``_HO
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 __version__ = "0.1.0.dev0"  # the one version source: pyproject.toml reads it (dynamic)
@@ -204,6 +205,18 @@ def _getattr(name: str) -> Any:
         value = unquoted(value)
     globals()[name] = value  # bound: the next access is a plain global lookup
     return value
+
+
+def _knows(name: str) -> bool:
+    """Whether ``st.<name>`` exists, known from the lazy table without importing its module
+    (how the patches check their functions exist: the first call imports them)."""
+    if name in globals() or name in _SUBMODULES:
+        return True
+    home = _HOME.get(name)
+    if home is None:
+        return False
+    module = sys.modules.get(f"safetorch.{home}")
+    return module is None or hasattr(module, name)  # imported: it must have it
 
 
 def __dir__() -> List[str]:

@@ -27,7 +27,7 @@ from typing import (
     Union,
 )
 
-from safetorch.check.project import Project
+from safetorch.check.project import Project, parse
 
 T = TypeVar("T")
 
@@ -287,7 +287,7 @@ class Context:
         self.path = path
         self.options = options or Options()
         self.source = source
-        self.tree = ast.parse(source, filename=path) if tree is None else tree
+        self.tree = parse(source, path) if tree is None else tree
         self.imports: Dict[str, str] = {}
         self.scope: ast.AST = self.tree
         self.diagnostics: List[Diagnostic] = []
@@ -674,7 +674,7 @@ def analyze(
     'ST000'
     """
     try:
-        tree = ast.parse(source, filename=path)
+        tree = parse(source, path)
     except (SyntaxError, ValueError) as exc:  # ValueError: source with a NUL byte
         return [_syntax_error(path, source, exc)] if keep_syntax_errors else []
     ctx = Context(path, source, tree, options)

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import ast
 import os
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+import threading
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
-__all__ = ["MARKERS", "MAX_FILES", "Project"]
+__all__ = ["MARKERS", "MAX_FILES", "Project", "parse"]
 
 T = TypeVar("T")
 
@@ -42,6 +43,23 @@ _SKIP_DIRS = frozenset(
     | {"dist", "site-packages", "__pycache__", ".eggs", ".mypy_cache", ".pytest_cache"}
 )
 _PROJECTS: Dict[str, "Project"] = {}
+_PARSING = threading.Lock()
+
+
+def parse(source: Union[str, bytes], filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse(source, filename)``, one call at a time in this process.
+
+    CPython 3.11 and 3.12 keep the counter that checks the depth of the tree being built in
+    one per-interpreter place; two threads parsing at once can raise ``SystemError: AST
+    constructor recursion depth mismatch`` (python/cpython#106905). Every parse of the checker
+    goes through here, so ``check_source`` may be called from threads; parsing holds the GIL
+    anyway, so the lock costs no parallelism.
+
+    >>> type(parse("x = 1\\n", "a.py")).__name__
+    'Module'
+    """
+    with _PARSING:
+        return ast.parse(source, filename=filename)
 
 
 def find_root(path: str, hint: Optional[str] = None) -> Optional[str]:
@@ -149,7 +167,7 @@ def _parse(path: str) -> Optional[ast.Module]:
     try:
         with open(path, "rb") as f:
             data = f.read()
-        return ast.parse(data, filename=path)
+        return parse(data, path)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import gc
 import io
@@ -26,6 +25,7 @@ from safetorch.check.engine import (
     parse_codes,
 )
 from safetorch.check.fixer import apply_fixes
+from safetorch.check.project import parse
 from safetorch.check.rules import select_rules
 
 __all__ = [
@@ -148,7 +148,7 @@ def _fix(
         if not applied or fixed == source:
             break
         try:
-            ast.parse(fixed)
+            parse(fixed)
         except (SyntaxError, ValueError):  # never hand back a file that no longer parses
             break
         source, applied_total = fixed, applied_total + applied

@@ -29,7 +29,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import pickle
@@ -44,16 +43,16 @@ from safetorch.errors import PatchWarning, UnsafeCheckpointError
 from safetorch.patching._allow import allowed_globals
 from safetorch.patching._registry import Patch, Target, declare
 from safetorch.patching._report import record
-from safetorch.patching._routing import route
+from safetorch.patching._routing import LazyModule, route
 
 __all__: list = []
 
 _NAME = "load"
 _SIGNATURE = inspect.signature(torch.load)
-_checkpoint = importlib.import_module("safetorch.checkpoint")
+# Imported at the first patched load or save: a run that never loads never imports them.
+_checkpoint: Any = LazyModule("safetorch.checkpoint")
 _cuda_available = torch.cuda.is_available
-_MapToAvailable = _checkpoint.MapToAvailable
-_saving = importlib.import_module("safetorch.checkpoint.saving")
+_saving: Any = LazyModule("safetorch.checkpoint.saving")
 _SAVE_SIGNATURE = inspect.signature(torch.save)
 
 
@@ -116,7 +115,7 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
     to_cpu = None
     if map_location is None and not _cuda_available():
         # st.load(map_location="available"), keeping the count for the report.
-        map_location = to_cpu = _MapToAvailable()
+        map_location = to_cpu = _checkpoint.MapToAvailable()
 
     if weights_only is False:
         if mmap is not None:

@@ -19,12 +19,13 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch.utils.data._utils.pin_memory as _torch_pin
 
-from safetorch import data as _data
 from safetorch.patching._registry import Patch, Target, declare
 from safetorch.patching._report import record
-from safetorch.patching._routing import route
+from safetorch.patching._routing import LazyModule, route
 
 __all__: list = []
+
+_data: Any = LazyModule("safetorch.data")  # at the first pinned batch or loader
 
 _NAME = "pin_memory"
 # torch's parameter names (data, device): a call by keyword keeps working, and a call torch

@@ -37,6 +37,7 @@ the declaration. This module owns everything else, so a declaration stays a few 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import sys
 import threading
@@ -87,12 +88,20 @@ class Target:
 
 
 def _resolves(function: str) -> bool:
-    """Whether a pitfall-table function (``st.<name>``, ``st.<subpackage>.<name>``) exists."""
+    """Whether a pitfall-table function (``st.<name>``, ``st.<subpackage>.<name>``) exists,
+    without importing a module only to ask (a patched call imports its implementation when it
+    is first made; tests/core resolve every function of the table)."""
     # ``st`` is the package facade (PEP 562: names resolve on first access), which imports
     # safetorch.patching on demand, never the reverse: it is always in sys.modules while a
     # submodule is, so it is read from there rather than imported.
     obj: Any = sys.modules["safetorch"]
-    for part in function.split(".")[1:]:
+    parts = function.split(".")[1:]
+    if len(parts) == 1:  # st.<name>: from the facade's table, without importing its module
+        return bool(obj._knows(parts[0]))
+    home = f"safetorch.{parts[0]}"
+    if home not in sys.modules:  # st.<sub>.<name> of a subpackage not imported yet: its file
+        return bool(obj._knows(parts[0])) and importlib.util.find_spec(home) is not None
+    for part in parts:
         try:
             obj = getattr(obj, part)
         except (AttributeError, ImportError):

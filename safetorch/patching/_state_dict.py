@@ -21,7 +21,6 @@ call site.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Mapping
@@ -32,14 +31,15 @@ from torch import nn
 from safetorch.errors import CheckpointError
 from safetorch.patching._registry import Patch, Target, declare
 from safetorch.patching._report import record
-from safetorch.patching._routing import route
+from safetorch.patching._routing import LazyModule, route
 
 __all__: list = []
 
 _NAME = "state_dict"
 _log = logging.getLogger("safetorch")
-_model_state = importlib.import_module("safetorch.checkpoint.model_state")
-_report = importlib.import_module("safetorch.checkpoint.report")
+# Imported at the first load that needs st.load_state_dict (most loads go to torch's own).
+_model_state: Any = LazyModule("safetorch.checkpoint.model_state")
+_report: Any = LazyModule("safetorch.checkpoint.report")
 _SIGNATURE = inspect.signature(nn.Module.load_state_dict)
 # Leaf names of model keys that torch's own loader fills in for older checkpoints
 # (safetorch.checkpoint._legacy_keys.legacy_keys, action "default"): a load that lacks only such keys

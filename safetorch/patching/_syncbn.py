@@ -12,7 +12,6 @@ module, an unknown argument) goes to torch's original, which raises its own ``Ty
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Dict, Optional, Tuple
 
@@ -22,12 +21,12 @@ from torch import nn
 from safetorch import _dist
 from safetorch.patching._registry import Patch, Target, declare
 from safetorch.patching._report import record
-from safetorch.patching._routing import route
+from safetorch.patching._routing import LazyModule, route
 
 __all__: list = []
 
 _NAME = "syncbn"
-_impl = importlib.import_module("safetorch.nn.syncbn")
+_impl: Any = LazyModule("safetorch.nn.syncbn")  # at the first patched conversion
 _SIGNATURE = inspect.signature(nn.SyncBatchNorm.convert_sync_batchnorm)  # bound: no cls
 
 

@@ -6,18 +6,28 @@ Silent (no deprecation warning) and bit-identical: the st functions are torch's 
 
 from __future__ import annotations
 
-from safetorch.nn import upsampling as _impl
+from typing import Any, Callable, Dict, Optional, Tuple
+
 from safetorch.patching._registry import Patch, Target, declare
-from safetorch.patching._routing import WrapperFn, route
+from safetorch.patching._routing import LazyModule, WrapperFn, route
 
 __all__: list = []
 
+_impl: Any = LazyModule("safetorch.nn.upsampling")  # at the first patched call
+
 
 def _route(name: str) -> WrapperFn:
-    impl = getattr(_impl, name)
+    impl: Optional[Callable[..., Any]] = None
+
+    def body(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        nonlocal impl
+        if impl is None:
+            impl = getattr(_impl, name)
+        return impl(*args, **kwargs)
+
     return route(
         "upsample",
-        lambda wrapped, instance, args, kwargs: impl(*args, **kwargs),
+        body,
         kind=f"F.{name} -> st.{name}",
         detail="F.interpolate with the same arguments, no warning",
         scoped=False,  # st.upsample* call F.interpolate, never the patched F.upsample*

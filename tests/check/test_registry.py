@@ -209,6 +209,46 @@ def test_files_checked_in_threads_give_the_sequential_findings() -> None:
     assert not hasattr(engine, "_subtrees")
 
 
+def test_threads_parse_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPython 3.11/3.12 share the AST builder's depth counter between threads (#106905): a
+    parse in a thread beside another raises SystemError unless the checker serialises them."""
+    import threading
+    import time
+
+    from safetorch.check import project
+
+    inside, most, guard = [0], [0], threading.Lock()
+    real = ast.parse
+
+    def counting(*args: object, **kwargs: object) -> ast.Module:
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.002)  # the window in which a second thread would enter
+        try:
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            with guard:
+                inside[0] -= 1
+
+    monkeypatch.setattr(project.ast, "parse", counting)
+    sources = [f"import torch\nimport torch._six\nx{i} = torch.load('a.pt')\n" for i in range(16)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        found = list(pool.map(lambda s: check_source(s), sources))
+    assert all(any(d.code == "ST018" for d in f) for f in found)
+    assert most[0] == 1
+    # and no parse in the checker goes around project.parse
+    for path in (ROOT / "safetorch" / "check").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and ast.unparse(n.func) in {"ast.parse", "compile"}
+        ]
+        allowed = path.name == "project.py" and len(calls) == 1
+        assert not calls or allowed, (path, [ast.unparse(c) for c in calls])
+
+
 def test_code_lists_are_parsed_by_one_function() -> None:
     assert engine.parse_codes(" st003, ST004,,") == ("ST003", "ST004")
     assert engine.parse_codes("ST003 ST004") == ("ST003", "ST004")  # as in # noqa: ST003 ST004
