@@ -523,36 +523,42 @@ def test_dcp_reads_in_place_only_where_no_load_hook_could_see_the_values(tmp_pat
 
 @needs_dcp
 def test_dcp_lists_come_back_as_lists_and_their_indices_are_bounded(tmp_path):
-    """DCP flattens a list (an optimizer's param_groups) with int path components; reading the
-    directory back as an object rebuilds the list, as DCP's own unflattening does, and an index
-    beyond what the checkpoint holds is refused instead of allocated."""
+    """A list (an optimizer's param_groups) comes back as a list: DCP 2.4+ flattens it with int
+    path components, which reading the directory back as an object rebuilds as DCP's own
+    unflattening does; up to 2.3 DCP pickles a container holding no tensor whole (one entry at
+    ("optim", "param_groups"); pytorch/pytorch#125335 flattens every mapping from 2.4). A
+    planner_data that puts an entry at a list index beyond what the checkpoint holds is refused
+    instead of allocated, whichever of the two DCP wrote."""
     model = nn.Linear(2, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.25)
+    opt = torch.optim.SGD(model.parameters(), lr=0.25, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # momentum buffers: tensors under "optim", which DCP then traverses on any torch
     _dcp_save({"optim": opt.state_dict(), "epoch": 3}, tmp_path / "ckpt")
     obj = _conversions.dcp_to_object(str(tmp_path / "ckpt"))
     groups = obj["optim"]["param_groups"]
     assert isinstance(groups, list) and groups[0]["lr"] == 0.25 and obj["epoch"] == 3
+    assert torch.equal(
+        obj["optim"]["state"]["0"]["momentum_buffer"], opt.state[model.weight]["momentum_buffer"]
+    )
     assert groups[0]["params"] == opt.state_dict()["param_groups"][0]["params"]
 
-    if not _compat.DCP_HAS_SAVE_LOAD:
-        # torch 2.0-2.1's DCP metadata keeps the edited entry apart from the rebuilt list (it
-        # stays a dict key, nothing is allocated); the bound is checked where it applies
-        pytest.skip("the edited planner_data is not used to rebuild lists before torch 2.2")
-
     def edit(md):
-        for key in list(md.planner_data):
-            parts = md.planner_data[key]
-            if "param_groups" in parts and "lr" in parts:
-                moved = tuple(10**12 if type(p) is int else p for p in parts)
-                new = ".".join(map(str, moved))
-                md.state_dict_metadata[new] = md.state_dict_metadata.pop(key)
-                md.planner_data[new] = moved
-                for index in [i for i in md.storage_data if i.fqn == key]:
-                    info = md.storage_data.pop(index)
-                    md.storage_data[dataclasses.replace(index, fqn=new)] = info
+        # 2.4+: ("optim", "param_groups", 0, "lr") -> ("optim", "param_groups", 10**12, "lr");
+        # up to 2.3, the whole list: ("optim", "param_groups") -> (..., "param_groups", 10**12)
+        keys = [k for k, p in md.planner_data.items() if tuple(p[:2]) == ("optim", "param_groups")]
+        assert keys, md.planner_data
+        for key in keys:
+            parts = tuple(md.planner_data[key])
+            moved = (*parts[:2], 10**12, *parts[3:])
+            new = ".".join(map(str, moved))
+            md.state_dict_metadata[new] = md.state_dict_metadata.pop(key)
+            md.planner_data[new] = moved
+            for index in [i for i in md.storage_data if i.fqn == key]:
+                info = md.storage_data.pop(index)
+                md.storage_data[dataclasses.replace(index, fqn=new)] = info
 
     _edit_metadata(tmp_path / "ckpt", edit)
-    with pytest.raises(st.CheckpointError, match="list index"):
+    with pytest.raises(st.CheckpointError, match="list index 1000000000000"):
         _conversions.dcp_to_object(str(tmp_path / "ckpt"))
 
 
