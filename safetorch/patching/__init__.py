@@ -12,20 +12,14 @@ read from its rows of the pitfall table (``safetorch._pitfalls``).
 from __future__ import annotations
 
 import contextlib
-import importlib
 from dataclasses import dataclass
-from typing import Iterator, List, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Tuple
 
 from safetorch._types import PatchName, unquoted
-from safetorch.patching import _registry
+from safetorch.patching._activation import OPT_IN
 
-# Declarations, imported in the order `all` applies them and the report lists them (a loop:
-# an import statement would be sorted by name).
-for _module in ("upsample", "load", "state_dict", "index", "pin_memory", "syncbn", "legacy"):
-    importlib.import_module(f"safetorch.patching._{_module}")
-del _module
-
-from safetorch.patching._legacy import OPT_IN  # noqa: E402  # declared by the loop above
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = ["patch", "unpatch", "patched", "patches"]
 
@@ -34,11 +28,19 @@ __all__ = ["patch", "unpatch", "patched", "patches"]
 _OPT_IN = frozenset(OPT_IN)
 
 
+def _reg() -> "ModuleType":
+    """The patch registry, every patch declared (imports torch: this package itself does not,
+    so that ``safetorch run`` starts a program that never imports torch without it)."""
+    from safetorch.patching import _registry as registry
+
+    return registry
+
+
 def _default_names(names: Tuple[PatchName, ...]) -> List[str]:
     """What ``names`` resolve to, where no name means every patch but the opt-in ones."""
     if any(names):
-        return _registry.resolve_names(names, default_all=True)
-    return [n for n in _registry.resolve_names((), default_all=True) if n not in _OPT_IN]
+        return _reg().resolve_names(names, default_all=True)
+    return [n for n in _reg().resolve_names((), default_all=True) if n not in _OPT_IN]
 
 
 @unquoted
@@ -68,7 +70,7 @@ def patch(*names: PatchName) -> List[str]:
     >>> st.unpatch("upsample")
     ['upsample']
     """
-    return _registry.enable(_default_names(names))
+    return _reg().enable(_default_names(names))
 
 
 @unquoted
@@ -96,7 +98,7 @@ def unpatch(*names: PatchName) -> List[str]:
     >>> torch.load is original
     True
     """
-    return _registry.disable(_registry.resolve_names(names, default_all=True))
+    return _reg().disable(_reg().resolve_names(names, default_all=True))
 
 
 @contextlib.contextmanager
@@ -123,11 +125,11 @@ def patched(*names: PatchName) -> Iterator[None]:
     False
     """
     resolved = _default_names(names)
-    _registry.hold(resolved)
+    _reg().hold(resolved)
     try:
         yield
     finally:
-        _registry.release(resolved)
+        _reg().release(resolved)
 
 
 @dataclass(frozen=True)
@@ -182,9 +184,9 @@ def patches() -> List[PatchInfo]:
             targets=tuple(t.qualname for t in p.targets),
             description=p.description,
             implementation=", ".join(p.functions),
-            active=_registry.is_active(p.name),
+            active=_reg().is_active(p.name),
             available=p.available(),
             pitfalls=p.pitfalls,
         )
-        for p in _registry.declared()
+        for p in _reg().declared()
     ]

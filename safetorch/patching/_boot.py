@@ -20,12 +20,13 @@ def _activate() -> None:
         return
     try:
         # Imported here, inside the try, and only when the variable names patches: the .pth
-        # hook imports this module at every start-up, and a broken install (no wrapt, no
-        # torch) must not stop the interpreter; importing patching imports torch.
-        from safetorch.patching import _registry
+        # hook imports this module at every start-up, and a broken install (no wrapt) must
+        # not stop the interpreter. The patches go on when the program imports torch (now,
+        # if it already has), so a process that never imports torch never pays for it.
+        from safetorch.patching import _activation
 
-        resolved = _registry.resolve_names(names.split(","), default_all=True)
-        _registry.enable(resolved)
+        resolved = _activation.resolve_names(names.split(","), default_all=True)
+        _activation.enable(resolved)
         if os.environ.get("SAFETORCH_REPORT") == "1":
             from safetorch.patching._runner import print_report
 

@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib.util
 import os
+import sys
 from typing import Sequence
 
 from safetorch._cli import add_run_parsers, say_error
-from safetorch.patching import _hook, _registry, _runner
+from safetorch.patching import _activation, _hook, _runner
 from safetorch.patching._allow import allowed_globals, parse_allow_list
-from safetorch.patching._report import anything_changed
 
 __all__: list = []
+
+
+def _require_torch() -> None:
+    """These commands patch torch: without it they fail in the one line every command gives
+    (``safetorch._cli.main`` turns the error into it). Found, not imported: the patches go on
+    when the program imports torch (``_activation``)."""
+    if importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
 
 
 def _fail(command: str, message: str, status: int = 2) -> int:
@@ -32,11 +41,14 @@ def _fail(command: str, message: str, status: int = 2) -> int:
 def _report_at_exit(names: Sequence[str], verbose: bool) -> None:
     """The end-of-run report, when there is something to say: a call a patch changed, or
     globals allowed for loads (what a reader of the log must know); ``-v``: always."""
-    if verbose or anything_changed() or allowed_globals():
+    report = sys.modules.get("safetorch.patching._report")  # None: torch never imported
+    changed = report is not None and report.anything_changed()
+    if verbose or changed or allowed_globals():
         _runner.print_report(names)
 
 
 def _run(args: argparse.Namespace) -> int:
+    _require_torch()
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -44,8 +56,8 @@ def _run(args: argparse.Namespace) -> int:
         kind = "MODULE" if args.module else "SCRIPT"
         return _fail("run", f"missing {kind}; usage: safetorch run [OPTIONS] [-m] {kind} [ARGS...]")
     try:
-        names = _registry.resolve_names(args.patch or ["all"], default_all=True)
-        off = _registry.resolve_names(args.no_patch or [], default_all=False)
+        names = _activation.resolve_names(args.patch or ["all"], default_all=True)
+        off = _activation.resolve_names(args.no_patch or [], default_all=False)
         names = [n for n in names if n not in off]
         allow = parse_allow_list(args.allow or [])
     except ValueError as exc:
@@ -85,6 +97,8 @@ def _check_dir(command: str, directory: str) -> int:
 def _hook_command(args: argparse.Namespace, install: bool) -> int:
     """``install-hook`` / ``uninstall-hook``: write or remove the .pth file in ``--dir``."""
     command = "install-hook" if install else "uninstall-hook"
+    if install:
+        _require_torch()
     directory = args.dir or _hook.default_dir()
     bad = _check_dir(command, directory)
     if bad:

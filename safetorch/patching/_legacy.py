@@ -30,9 +30,11 @@ import torch
 
 from safetorch import _compat, _legacy_values, _stack
 from safetorch import legacy as _impl
-from safetorch.patching import _attribution
+
+# _index as a module, not its name: importing _index first imports the registry, which
+# imports this declaration while _index is half-initialised (test_patch_torch_free_run)
+from safetorch.patching import _attribution, _index
 from safetorch.patching._attribution import called_from_03_project, called_from_project
-from safetorch.patching._index import torch_getitem
 from safetorch.patching._registry import Patch, Target, declare
 from safetorch.patching._report import call_site, record
 from safetorch.patching._routing import WrapperFn
@@ -171,7 +173,7 @@ def _scalar_of_03(result: Any, args: Tuple[Any, ...]) -> Any:
 # something raises.
 def _getitem(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
     try:
-        result = torch_getitem(wrapped, args, kwargs)
+        result = _index.torch_getitem(wrapped, args, kwargs)
     except IndexError:
         return _after_index_error(instance, args, kwargs)
     return _scalar_of_03(result, args)

@@ -50,7 +50,7 @@ import wrapt
 from safetorch import _compat, _pitfalls
 from safetorch._stack import user_stacklevel
 from safetorch.errors import PatchWarning
-from safetorch.patching import _report
+from safetorch.patching import _activation, _report
 from safetorch.patching._attribution import attributed
 from safetorch.patching._finder import PostImportFinder
 from safetorch.patching._routing import WrapperFn
@@ -260,6 +260,7 @@ def _chain(targets: List[Target]) -> WrapperFn:
 
 _lock = threading.RLock()
 _declared: Dict[str, Patch] = {}
+_RANK = {name: i for i, name in enumerate(_activation.ORDER)}
 _explicit: Set[str] = set()  # turned on by patch()
 _holds: Dict[str, int] = {}  # open patched() contexts per name
 _active: Set[str] = set()
@@ -289,6 +290,12 @@ def declare(p: Patch) -> Patch:
                     "patch only; declare patches before turning them on"
                 )
         _declared[p.name] = p
+        # ORDER's families first, in its order, whichever was imported first (importing one
+        # declaration module imports this module, which imports the others); test patches
+        # after them in the order they were declared (the sort is stable).
+        ranked = sorted(_declared.items(), key=lambda kv: _RANK.get(kv[0], len(_RANK)))
+        _declared.clear()
+        _declared.update(ranked)
     return p
 
 
@@ -309,37 +316,7 @@ def resolve_names(names: Sequence[str], *, default_all: bool) -> List[str]:
     """Validate names; ``"all"`` (or nothing, when ``default_all``) means every patch."""
     with _lock:
         known = list(_declared)
-    flat: List[str] = []
-    for n in names:  # st.patch("a,b"), st.patch("a", "b") and st.patch(["a", "b"]) alike
-        if isinstance(n, (list, tuple, set, frozenset)):
-            flat.extend(n)
-        else:
-            flat.append(n)
-    for n in flat:
-        if not isinstance(n, str):
-            raise TypeError(
-                f"patch names must be str (or lists of str), got {type(n).__name__}: {n!r}; "
-                "see st.patches()"
-            )
-    names = flat
-    if not names:
-        return known if default_all else []
-    out: List[str] = []
-    for n in names:
-        for part in n.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if part == "all":
-                out.extend(known)
-            elif part in _declared:
-                out.append(part)
-            else:
-                raise ValueError(
-                    f"unknown patch {part!r}; expected one of {', '.join(known)} or 'all' "
-                    "(see st.patches())"
-                )
-    return list(dict.fromkeys(out))
+    return _activation.resolve_names(names, default_all=default_all, known=known)
 
 
 # --- apply / restore -----------------------------------------------------------------------
@@ -532,3 +509,10 @@ def _remove_finder_if_idle() -> None:
 def pending_modules() -> List[str]:
     with _lock:
         return sorted(_pending)
+
+
+# Importing this module declares every patch family: the declaration modules register
+# themselves through declare() (each imports this module, which is complete by now).
+for _module in _activation.ORDER:
+    importlib.import_module(f"safetorch.patching._{_module}")
+del _module

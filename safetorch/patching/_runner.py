@@ -11,8 +11,10 @@ What "exactly" covers, and how:
   the path it is given, so argv[0] and ``__file__`` could not both match ``python``.
   Directories and zip files with a ``__main__.py`` go through ``runpy.run_path``, ``-m``
   through ``runpy.run_module``.
-* Patches go on *before* the program imports anything of its own, so even names it binds
-  at import (``from torch.nn.functional import upsample``) are the wrappers.
+* Patches go on when the program imports torch, before that ``import`` statement returns
+  (at once when torch is already imported), so even names it binds at import
+  (``from torch.nn.functional import upsample``) are the wrappers; a program that never
+  imports torch never pays for torch or the patches (``_activation``).
 * Exit status: ``SystemExit`` propagates untouched; an uncaught exception prints the same
   traceback ``python`` prints (runner, runpy, safetorch and wrapt frames removed, through
   ``sys.excepthook``) and exits 1; a script that cannot be opened exits 2 and a directory
@@ -45,13 +47,15 @@ import signal
 import sys
 import zipfile
 from types import ModuleType, TracebackType
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import wrapt
 
-from safetorch.patching import _registry
+from safetorch.patching import _activation
 from safetorch.patching._allow import ALLOW_ENV, allowed_globals
-from safetorch.patching._report import ReportEntry, call_count, reset_counts
+
+if TYPE_CHECKING:
+    from safetorch.patching._report import ReportEntry
 
 __all__: List[str] = []
 
@@ -76,8 +80,13 @@ def _short(site: str) -> str:
 def format_report(names: Sequence[str]) -> str:
     """The end-of-run report: per patch, the calls it changed, then each kind of change with
     its count and first call site (one call may make several changes)."""
-    entries = _registry.report_entries()
+    # Read from the registry only when it was imported: a program that never imported torch
+    # had nothing patched, and its report must not import torch at exit.
+    registry = sys.modules.get("safetorch.patching._registry")
+    entries = registry.report_entries() if registry is not None else []
     lines = [f"safetorch run: patches on: {', '.join(names) or 'none'}"]
+    if registry is None and _activation.waiting():
+        lines.append("  the program never imported torch: nothing was patched")
     allowed = allowed_globals()
     if allowed:
         lines.append(f"  allowed globals (--allow / {ALLOW_ENV}): {', '.join(allowed)}")
@@ -90,7 +99,7 @@ def format_report(names: Sequence[str]) -> str:
         if not found:
             lines.append(f"  {name:<{width}}  no call changed")
             continue
-        calls = call_count(name)
+        calls = sys.modules["safetorch.patching._report"].call_count(name)
         changes = sum(e.count for e in found)
         head = f"  {name:<{width}}  {calls} call{'s' if calls != 1 else ''} changed"
         if changes != calls:
@@ -270,7 +279,7 @@ def run(
     atexit handlers and children load alike. Returns the exit status for an uncaught
     exception (1); ``SystemExit`` propagates.
     """
-    names = _registry.resolve_names(patches, default_all=True)
+    names = _activation.resolve_names(patches, default_all=True)
     if allow:
         merged = (*allowed_globals(), *allow)
         os.environ[ALLOW_ENV] = ",".join(dict.fromkeys(merged))
@@ -294,8 +303,11 @@ def trust_for_run(paths: Sequence[str]) -> None:
 def _run_patched(
     target: str, args: Sequence[str], *, module: bool, names: Sequence[str], report: bool
 ) -> int:
-    _registry.enable(names)
-    reset_counts()
+    # Now when torch is imported, else when the program imports it (_activation).
+    _activation.enable(names)
+    counts = sys.modules.get("safetorch.patching._report")
+    if counts is not None:
+        counts.reset_counts()
     os.environ[ENV_VAR] = ",".join(names)
     if report:
         atexit.register(print_report, names)
