@@ -1,5 +1,6 @@
 """APIs torch 0.4 changed (ST020 0-dim indexing, ST021 ``volatile=``, ST022 ``size_average=``/
-``reduce=``): the ``legacy`` patch's pitfall; the removals of torch 1.x are in ``legacy_1_x``."""
+``reduce=``, ST027 ``backward(retain_variables=)``): the ``legacy`` patch's pitfall; the removals
+of torch 1.x are in ``legacy_1_x``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from safetorch.check.rules._helpers import (
 )
 from safetorch.check.rules._zero_dim import SCALAR_NAMES, ZeroDim, int_constant, numpy_source
 
-__all__ = ["LegacyLossReduction", "VolatileVariable", "ZeroDimIndex"]
+__all__ = ["LegacyLossReduction", "LegacyRetainVariables", "VolatileVariable", "ZeroDimIndex"]
 
 
 class ZeroDimIndex(Rule):
@@ -522,3 +523,63 @@ class LegacyLossReduction(Rule):
         line, col = self.ctx.end(prev)
         end_line, end_col = self.ctx.end(kw)
         return Edit(line, col, end_line, end_col, "")
+
+
+class LegacyRetainVariables(Rule):
+    """ST027: ``loss.backward(retain_variables=True)`` (renamed ``retain_graph`` in torch 0.2,
+    removed in 0.4).
+
+    torch 0.2 renamed the keyword of ``Tensor.backward`` and ``torch.autograd.backward``
+    that keeps the graph for another backward pass; 0.3 still took the old name with a
+    warning, and since 0.4 it is a TypeError. Another library's ``backward`` (a qualified
+    name that is not torch's) is left alone, and so is every call in a file that defines a
+    function taking ``retain_variables`` (the project's own API).
+
+    Fix (automatic, safe): the new name with the same value:
+
+        loss.backward(retain_variables=True)  ->  loss.backward(retain_graph=True)
+
+    safetorch: ``st.legacy`` (``safetorch run`` passes the old keyword on as
+    ``retain_graph``).
+    """
+
+    code = "ST027"
+
+    preview = True  # new: no corpus figure yet
+
+    name = "legacy-retain-variables"
+    uses = "st.legacy"
+    torch_symbols = ("torch.Tensor.backward", "torch.autograd.backward")
+    fixable = True
+    node_types = (ast.Call,)
+
+    def visit(self, node: ast.Call) -> None:
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "backward"):
+            return
+        qual = self.ctx.qualname(func)
+        if qual is not None and qual != "torch.autograd.backward":
+            return
+        kw = find_keyword(node, "retain_variables")
+        if kw is None or self._own_api():
+            return
+        fix = None
+        if find_keyword(node, "retain_graph") is None:
+            text = f"retain_graph={self.ctx.segment(kw.value)}"
+            fix = Fix("use retain_graph=", (self.ctx.replace(kw, text),))
+        self.report(
+            node,
+            "backward(retain_variables=) was renamed retain_graph= in torch 0.2 and removed in "
+            "0.4 (a TypeError now): use retain_graph= (safetorch run passes it on)",
+            fix,
+        )
+
+    def _own_api(self) -> bool:
+        """The file defines a function with a ``retain_variables`` parameter."""
+        for fn in self.ctx.walk(self.ctx.tree):
+            if isinstance(fn, FUNCTION_DEFS):
+                args = fn.args
+                every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                if any(a.arg == "retain_variables" for a in every):
+                    return True
+        return False
