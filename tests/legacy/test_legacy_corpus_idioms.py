@@ -15,6 +15,7 @@ from hypothesis import strategies as hst
 
 import safetorch as st
 from safetorch.check import check_source
+from safetorch.errors import PatchWarning
 from tests._check_project import run_fixed
 
 # A Jacobian filled one row per backward pass through the same graph, as 0.2-era tutorials
@@ -104,3 +105,52 @@ def test_retain_variables_rule_leaves_other_backward_methods_alone() -> None:
     both += "loss.backward(retain_graph=True, retain_variables=True)\n"
     (finding,) = check_source(both, select=["ST027"])
     assert finding.fix is None  # nothing to rename: torch's own error says what to drop
+
+
+# The predicted word of a tiny n-gram model, looked up as torch 0.1 code did: max along the
+# class dim kept it then, so the index of the best class was pred[0][0].
+NGRAM_LOOKUP = """
+    import torch
+    from torch.autograd import Variable
+
+    idx_to_word = {0: "winter", 1: "brow", 2: "field", 3: "beauty"}
+    scores = Variable(torch.FloatTensor([[0.25, -1.0, 2.5, 0.75]]))
+    log_prob = torch.nn.functional.log_softmax(scores, 1)
+    _, predict_label = torch.max(log_prob, 1)
+    predict_word = idx_to_word[predict_label.data[0][0]]
+"""
+
+
+def test_first_index_of_max_along_a_dim_plain_patched_and_fixed() -> None:
+    with pytest.raises(IndexError):
+        _exec(NGRAM_LOOKUP)  # plain torch: predict_label is 1-D, [0] is 0-dim, [0][0] raises
+    with st.patched("legacy"), pytest.warns(PatchWarning):
+        patched = _exec(NGRAM_LOOKUP)["predict_word"]
+    source = textwrap.dedent(NGRAM_LOOKUP)
+    (finding,) = check_source(source, select=["ST020"])
+    assert finding.fix is not None
+    assert "predict_label.data.flatten()[0].item()" in finding.fix.message
+    assert patched == run_fixed(source, ["ST020"])["predict_word"] == "field"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    hst.lists(
+        hst.lists(hst.floats(-5, 5, allow_nan=False), min_size=3, max_size=3),
+        min_size=1,
+        max_size=4,
+    ),
+    hst.booleans(),
+)
+def test_flatten_first_is_what_either_era_read(rows: List[List[float]], three_d: bool) -> None:
+    """``pred.flatten()[0]`` is ``pred[0][0]`` of torch 0.1's kept dim ((N, 1) for a 2-D
+    input) and of 0.2-0.3's dropped one ((N, L) for a 3-D input)."""
+    scores = torch.tensor(rows)
+    if three_d:
+        scores = scores.unsqueeze(2).expand(-1, -1, 2)
+    kept = scores.max(1, keepdim=True)[1]  # torch 0.1's shape
+    dropped = scores.max(1)[1]  # 0.2's and today's
+    # a number then: [0][0] of (N, 1) under 0.1 for a 2-D input, of (N, L) under 0.2-0.3 for
+    # a 3-D one ((N, 1, L)[0][0] under 0.1 was a row, never a dict key)
+    old = dropped[0][0] if three_d else kept[0][0]
+    assert dropped.flatten()[0].item() == old.item()

@@ -58,7 +58,9 @@ class ZeroDimIndex(Rule):
     is the same; arithmetic on it no longer builds tensors). One index too many on what is
     now 1-D (``pred[0][0]`` written when ``max(1)`` kept the dim, before torch 0.2) loses
     the last index; a dict key gets ``.item()`` where its dimensions are known or come from
-    ``topk``/``sort``, which no release changed.
+    ``topk``/``sort``, which no release changed; ``pred[0][0]`` of ``max``/``min`` along a
+    dim, as a dict key, of unknown dimensions becomes ``pred.flatten()[0].item()`` (the first
+    element, what ``[0][0]`` read both where 0.1 kept the dim and where 0.2-0.3 dropped it).
 
         running_loss += loss.data[0]   ->  running_loss += loss.item()
         print(loss.data.numpy()[0])    ->  print(loss.item())
@@ -194,6 +196,17 @@ class ZeroDimIndex(Rule):
             and not (single and lookups)
         ):
             # x.max(1) kept the dim before torch 0.2: x[0][0] may now index a 0-dim value
+            first = self._first_of_reduction(node, at, scope)
+            if first is not None:
+                text = f"{self.ctx.segment(first)}.flatten()[0].item()"
+                fix = Fix(f"use {text}", (self.ctx.replace(node, text),), UNSAFE)
+                self.report(
+                    node,
+                    message + "; max/min along a dim kept it before torch 0.2, so [0][0] "
+                    "is its first element whichever release the code was written for",
+                    fix,
+                )
+                return
             self.report(
                 node,
                 message + "; the tensor's dimensions are not visible here (if a reduction "
@@ -204,6 +217,24 @@ class ZeroDimIndex(Rule):
         text = f"{self.ctx.segment(node)}.item()"
         fix = Fix(f"use {text}", (self.ctx.insert_after(node, ".item()"),), UNSAFE)
         self.report(node, message, fix)
+
+    def _first_of_reduction(
+        self, node: ast.Subscript, at: Pos, scope: ast.AST
+    ) -> Optional[ast.expr]:
+        """``pred[0][0]`` (or ``pred.data[0][0]``) of ``max``/``min`` along a dim, used as a
+        number: ``pred`` (else None). Written when the dim was kept (torch < 0.2, ``pred`` of
+        ``(N, 1)``) or for a 3-D input (0.2-0.3, ``(N, L)``), both read the first element,
+        which ``pred.flatten()[0]`` is on every release."""
+        inner = node.value
+        if not (
+            int_constant(node.slice) == 0
+            and isinstance(inner, ast.Subscript)
+            and int_constant(inner.slice) == 0
+        ):
+            return None
+        if not self.flow.dim_reduction_pair(inner.value, at, scope):
+            return None
+        return inner.value
 
     def _key_uses(self, value: ast.expr, depth: int) -> List[ast.Subscript]:
         """The subscripts ``value`` reaches as the key: ``d[value]`` itself, through the name
