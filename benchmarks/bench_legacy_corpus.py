@@ -313,6 +313,7 @@ def _fix(python: str, src: Path, dest: Path, preview: bool) -> str:
         text=True,
         errors="replace",
         env={**os.environ, "OMP_NUM_THREADS": "1", **({"PYTHONPATH": str(LIB)} if LIB else {})},
+        cwd=dest.parent,  # not ours: `-m` puts the working directory first on sys.path
     )
     return p.stdout[-20000:] + p.stderr[-5000:]
 
