@@ -601,7 +601,8 @@ class LegacyRetainVariables(Rule):
         self.report(
             node,
             "backward(retain_variables=) was renamed retain_graph= in torch 0.2 and removed in "
-            "0.4 (a TypeError now): use retain_graph= (safetorch run passes it on)",
+            "0.4 (a TypeError now): use retain_graph= (st.legacy, what safetorch run uses, "
+            "passes it on)",
             fix,
         )
 
