@@ -217,12 +217,15 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "legacy-api",
         "Removed and changed APIs in legacy code",
         "torch._six, torch.solve/lstsq/eig/symeig/matrix_rank, legacy autograd Functions, "
-        "volatile=True, loss.data[0], size_average=/reduce=, checkpoints of torch < 0.4, "
+        "volatile=True, loss.data[0], size_average=/reduce=, backward(retain_variables=), checkpoints of torch < 0.4, "
         "0.3's truncating integer / and contiguous element-wise results fail or change "
         "meaning on new torch; a fork child after OpenMP hangs",
         ("st.legacy", "st.load_state_dict"),
         "legacy",
-        ("ST017", "ST018", "ST019", "ST020", "ST021", "ST022", "ST023", "ST024", "ST025", "ST026"),
+        (
+            *("ST017", "ST018", "ST019", "ST020", "ST021", "ST022", "ST023", "ST024", "ST025"),
+            *("ST026", "ST027"),
+        ),
         (),
         "docs/patching.md#legacy-code-on-new-torch-legacy-patch",
     ),

@@ -6,8 +6,9 @@ patch is on), ``torch.solve/lstsq/eig/symeig/matrix_rank`` and their Tensor meth
 autograd Function called as ``Fn()(x)``, ``Variable(x, volatile=True)``, ``type(x) ==
 Variable`` (through ``VariableMeta.__eq__``), ``x[0]`` / ``x[-1]`` of a 0-dim tensor (a handler
 of ``Tensor.__getitem__``, whose one wrapper the registry shares with the ``index`` patch)
-and the
-``size_average=``/``reduce=`` loss arguments (mapped without the warning). Every changed call
+the
+``size_average=``/``reduce=`` loss arguments (mapped without the warning) and
+``backward(retain_variables=)`` (0.2's name for ``retain_graph``, removed in 0.4). Every changed call
 is recorded with its modern spelling, which ``safetorch check --fix`` writes.
 
 While the patch is on, a child made by ``os.fork()`` (``torch.multiprocessing``'s default on
@@ -63,6 +64,7 @@ _needed: Dict[str, bool] = dict.fromkeys(
     (
         *("solve", "lstsq", "eig", "matrix_rank", "function", "volatile", "variable_type"),
         *("index", "reduction", "scalar_key", "numpy_scalar", "int_division", "view"),
+        "retain_variables",
     ),
     True,
 )
@@ -290,6 +292,28 @@ def _reduction(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict)
     return result
 
 
+# --- backward(retain_variables=): 0.2 renamed it retain_graph, 0.4 removed the old name -----
+def _backward(position: int) -> WrapperFn:
+    """``x.backward(g, retain_variables=True)`` / ``torch.autograd.backward(...)``: the old
+    keyword passed on as ``retain_graph`` (``position``: where ``retain_graph`` sits among the
+    positional arguments, so a positional one is not given twice)."""
+
+    def wrapper(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+        if "retain_variables" not in kwargs or not _needed["retain_variables"]:
+            return wrapped(*args, **kwargs)
+        if "retain_graph" in kwargs or len(args) > position:
+            return wrapped(*args, **kwargs)  # both given: torch's own error
+        kwargs = dict(kwargs)
+        kwargs["retain_graph"] = kwargs.pop("retain_variables")
+        _record(
+            "backward(retain_variables=...) -> backward(retain_graph=...)",
+            "renamed in 0.2, removed in 0.4",
+        )
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
 # --- torch._six: a module, installed while the patch is on -----------------------------------
 class _SixModule(type(sys)):  # type: ignore[misc]  # type(sys) is ModuleType, a valid base mypy cannot see through type()
     """``torch._six`` whose attribute reads are recorded with their modern spelling."""
@@ -414,6 +438,10 @@ PATCH = declare(
             ),
             Target("torch", "set_num_threads", _user_set_threads, attribute_warnings=False),
             Target("torch.nn._reduction", "legacy_get_string", _reduction),
+            # retain_graph is the 2nd positional argument of Tensor.backward(gradient, ...),
+            # the 3rd of torch.autograd.backward(tensors, grad_tensors, ...)
+            Target("torch", "Tensor.backward", _backward(1)),
+            Target("torch.autograd", "backward", _backward(2)),
             Target(
                 "torch",
                 "Tensor.__getitem__",

@@ -122,17 +122,24 @@ def test_a_dict_key_from_topk_gets_item() -> None:
     assert _run_fixed(body)["word"] == "b"
 
 
-def test_a_dict_key_of_unknown_dims_from_max_gets_no_fix() -> None:
+def test_a_dict_key_of_unknown_dims_from_max_gets_its_first_element() -> None:
+    # top[0][0] was a number under torch 0.1 for a 2-D out (max kept the dim: (N, 1)) and
+    # under 0.2-0.3 for a 3-D one ((N, L)): the first element either way, as flatten()[0]
     body = """
-        words = {0: "a", 1: "b"}
+        words = {0: "a", 1: "b", 2: "c"}
 
         def decode(out):
             _, top = out.data.max(1)
             ni = top[0][0]
             return words[ni]
+
+        two_d = decode(torch.tensor([[0.1, 0.7, 0.2]]))
+        three_d = decode(torch.tensor([[[0.1, 0.9], [0.0, 0.0], [0.8, 0.1]]]))
     """
     (finding,) = _findings(body)
-    assert finding.fix is None
+    assert finding.fix is not None and "top.flatten()[0].item()" in finding.fix.message
+    fixed = _run_fixed(body)
+    assert (fixed["two_d"], fixed["three_d"]) == ("b", "c")
 
 
 def test_a_1_d_max_index_as_a_dict_key_in_a_range_comprehension_gets_item() -> None:

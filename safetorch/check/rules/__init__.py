@@ -27,7 +27,12 @@ from safetorch.check.rules.data_parallel import DataParallelUsed
 from safetorch.check.rules.detach import DetachThenInPlace
 from safetorch.check.rules.dropout import FunctionalDropoutWithoutTraining
 from safetorch.check.rules.fork_threads import ForkAfterOpenMP
-from safetorch.check.rules.legacy_0_4 import LegacyLossReduction, VolatileVariable, ZeroDimIndex
+from safetorch.check.rules.legacy_0_4 import (
+    LegacyLossReduction,
+    LegacyRetainVariables,
+    VolatileVariable,
+    ZeroDimIndex,
+)
 from safetorch.check.rules.legacy_1_x import LegacyAutogradFunction, RemovedLinalgFunction
 from safetorch.check.rules.legacy_keys import LegacyStateDictKeys
 from safetorch.check.rules.legacy_semantics import LegacyIntegerDivision, ViewOfStridedResult
@@ -91,6 +96,7 @@ __all__ = [
     "LegacyStateDictKeys",
     "LegacyIntegerDivision",
     "ViewOfStridedResult",
+    "LegacyRetainVariables",
 ]
 
 #: The ``--select`` token that turns on every preview rule.
@@ -124,6 +130,7 @@ RULES: Tuple[Type[Rule], ...] = (
     LegacyStateDictKeys,
     LegacyIntegerDivision,
     ViewOfStridedResult,
+    LegacyRetainVariables,
 )
 
 

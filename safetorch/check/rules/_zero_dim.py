@@ -517,6 +517,37 @@ class ZeroDim:
         has_dim = bool(call.args) or find_keyword(call, "dim") is not None
         return base - 1 if has_dim and base >= 1 else None
 
+    def dim_reduction_pair(self, expr: ast.AST, at: Pos, scope: ast.AST) -> bool:
+        """``expr`` (through ``.data`` and names) is the values or indices of ``max``/``min``
+        along a dim without ``keepdim=True``: ``_, pred = torch.max(out, 1)``,
+        ``out.max(1)[1]`` (one dim fewer since torch 0.2; before, the dim was kept)."""
+        for _ in range(8):
+            if isinstance(expr, ast.Attribute) and expr.attr == "data":
+                expr = expr.value
+            elif isinstance(expr, ast.Name):
+                found = self.binding(expr.id, at, scope)
+                if found is None:
+                    return False
+                expr, at, scope = found
+            else:
+                break
+        if isinstance(expr, Unpacked):
+            call: ast.AST = expr.value
+        elif isinstance(expr, ast.Subscript) and int_constant(expr.slice) in (0, 1):
+            call = expr.value
+        else:
+            return False
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+            return False
+        qual = self.ctx.qualname(call.func)
+        if call.func.attr not in ("max", "min") or qual not in (None, f"torch.{call.func.attr}"):
+            return False
+        keep = find_keyword(call, "keepdim")
+        if keep is not None and not is_const(keep.value, False):
+            return False
+        dim_args = call.args[1:] if qual else call.args
+        return bool(dim_args) or find_keyword(call, "dim") is not None
+
     def _call_ndim(self, call: ast.Call, at: Pos, scope: ast.AST, depth: int) -> Optional[int]:
         func = call.func
         qual = self.ctx.qualname(func) or ""

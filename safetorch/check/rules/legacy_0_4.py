@@ -1,5 +1,6 @@
 """APIs torch 0.4 changed (ST020 0-dim indexing, ST021 ``volatile=``, ST022 ``size_average=``/
-``reduce=``): the ``legacy`` patch's pitfall; the removals of torch 1.x are in ``legacy_1_x``."""
+``reduce=``, ST027 ``backward(retain_variables=)``): the ``legacy`` patch's pitfall; the removals
+of torch 1.x are in ``legacy_1_x``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from safetorch.check.rules._helpers import (
 )
 from safetorch.check.rules._zero_dim import SCALAR_NAMES, ZeroDim, int_constant, numpy_source
 
-__all__ = ["LegacyLossReduction", "VolatileVariable", "ZeroDimIndex"]
+__all__ = ["LegacyLossReduction", "LegacyRetainVariables", "VolatileVariable", "ZeroDimIndex"]
 
 
 class ZeroDimIndex(Rule):
@@ -57,7 +58,9 @@ class ZeroDimIndex(Rule):
     is the same; arithmetic on it no longer builds tensors). One index too many on what is
     now 1-D (``pred[0][0]`` written when ``max(1)`` kept the dim, before torch 0.2) loses
     the last index; a dict key gets ``.item()`` where its dimensions are known or come from
-    ``topk``/``sort``, which no release changed.
+    ``topk``/``sort``, which no release changed; ``pred[0][0]`` of ``max``/``min`` along a
+    dim, as a dict key, of unknown dimensions becomes ``pred.flatten()[0].item()`` (the first
+    element, what ``[0][0]`` read both where 0.1 kept the dim and where 0.2-0.3 dropped it).
 
         running_loss += loss.data[0]   ->  running_loss += loss.item()
         print(loss.data.numpy()[0])    ->  print(loss.item())
@@ -193,6 +196,17 @@ class ZeroDimIndex(Rule):
             and not (single and lookups)
         ):
             # x.max(1) kept the dim before torch 0.2: x[0][0] may now index a 0-dim value
+            first = self._first_of_reduction(node, at, scope)
+            if first is not None:
+                text = f"{self.ctx.segment(first)}.flatten()[0].item()"
+                fix = Fix(f"use {text}", (self.ctx.replace(node, text),), UNSAFE)
+                self.report(
+                    node,
+                    message + "; max/min along a dim kept it before torch 0.2, so [0][0] "
+                    "is its first element whichever release the code was written for",
+                    fix,
+                )
+                return
             self.report(
                 node,
                 message + "; the tensor's dimensions are not visible here (if a reduction "
@@ -203,6 +217,24 @@ class ZeroDimIndex(Rule):
         text = f"{self.ctx.segment(node)}.item()"
         fix = Fix(f"use {text}", (self.ctx.insert_after(node, ".item()"),), UNSAFE)
         self.report(node, message, fix)
+
+    def _first_of_reduction(
+        self, node: ast.Subscript, at: Pos, scope: ast.AST
+    ) -> Optional[ast.expr]:
+        """``pred[0][0]`` (or ``pred.data[0][0]``) of ``max``/``min`` along a dim, used as a
+        number: ``pred`` (else None). Written when the dim was kept (torch < 0.2, ``pred`` of
+        ``(N, 1)``) or for a 3-D input (0.2-0.3, ``(N, L)``), both read the first element,
+        which ``pred.flatten()[0]`` is on every release."""
+        inner = node.value
+        if not (
+            int_constant(node.slice) == 0
+            and isinstance(inner, ast.Subscript)
+            and int_constant(inner.slice) == 0
+        ):
+            return None
+        if not self.flow.dim_reduction_pair(inner.value, at, scope):
+            return None
+        return inner.value
 
     def _key_uses(self, value: ast.expr, depth: int) -> List[ast.Subscript]:
         """The subscripts ``value`` reaches as the key: ``d[value]`` itself, through the name
@@ -522,3 +554,64 @@ class LegacyLossReduction(Rule):
         line, col = self.ctx.end(prev)
         end_line, end_col = self.ctx.end(kw)
         return Edit(line, col, end_line, end_col, "")
+
+
+class LegacyRetainVariables(Rule):
+    """ST027: ``loss.backward(retain_variables=True)`` (renamed ``retain_graph`` in torch 0.2,
+    removed in 0.4).
+
+    torch 0.2 renamed the keyword of ``Tensor.backward`` and ``torch.autograd.backward``
+    that keeps the graph for another backward pass; 0.3 still took the old name with a
+    warning, and since 0.4 it is a TypeError. Another library's ``backward`` (a qualified
+    name that is not torch's) is left alone, and so is every call in a file that defines a
+    function taking ``retain_variables`` (the project's own API).
+
+    Fix (automatic, safe): the new name with the same value:
+
+        loss.backward(retain_variables=True)  ->  loss.backward(retain_graph=True)
+
+    safetorch: ``st.legacy`` (``safetorch run`` passes the old keyword on as
+    ``retain_graph``).
+    """
+
+    code = "ST027"
+
+    preview = True  # new: no corpus figure yet
+
+    name = "legacy-retain-variables"
+    uses = "st.legacy"
+    torch_symbols = ("torch.Tensor.backward", "torch.autograd.backward")
+    fixable = True
+    node_types = (ast.Call,)
+
+    def visit(self, node: ast.Call) -> None:
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "backward"):
+            return
+        qual = self.ctx.qualname(func)
+        if qual is not None and qual != "torch.autograd.backward":
+            return
+        kw = find_keyword(node, "retain_variables")
+        if kw is None or self._own_api():
+            return
+        fix = None
+        if find_keyword(node, "retain_graph") is None:
+            text = f"retain_graph={self.ctx.segment(kw.value)}"
+            fix = Fix("use retain_graph=", (self.ctx.replace(kw, text),))
+        self.report(
+            node,
+            "backward(retain_variables=) was renamed retain_graph= in torch 0.2 and removed in "
+            "0.4 (a TypeError now): use retain_graph= (st.legacy, what safetorch run uses, "
+            "passes it on)",
+            fix,
+        )
+
+    def _own_api(self) -> bool:
+        """The file defines a function with a ``retain_variables`` parameter."""
+        for fn in self.ctx.walk(self.ctx.tree):
+            if isinstance(fn, FUNCTION_DEFS):
+                args = fn.args
+                every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                if any(a.arg == "retain_variables" for a in every):
+                    return True
+        return False
