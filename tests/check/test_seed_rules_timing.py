@@ -363,3 +363,54 @@ def test_what_a_project_class_runs_when_called(tmp_path: Path) -> None:
     # infer: the class's forward does not wait (its __init__ prints; a loader the model
     # passes through prints): reported. fit: the loss indexes by a mask (a wait): quiet.
     assert found == [12]
+
+
+def test_a_forward_that_post_processes_through_submodules_waits(tmp_path: Path) -> None:
+    # The detector's forward calls its head, whose forward calls a suppression function of
+    # another module that keeps boxes by a data-dependent index: the forward itself waits.
+    from safetorch.check import project
+    from safetorch.check.runner import check_paths
+
+    project.clear()
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "ops.py").write_text(
+        "def keep_boxes(scores):\n    return scores.gt(0.5).nonzero()\n"
+    )
+    (tmp_path / "heads.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from ops import keep_boxes
+
+            class Head(torch.nn.Module):
+                def forward(self, x):
+                    return keep_boxes(x.sigmoid())
+
+            class Detector(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = Head()
+
+                def forward(self, x):
+                    return self.head(x)
+            """
+        )
+    )
+    body = """
+    from heads import Detector
+    detector = Detector().cuda()
+
+    def detect(image):
+        tic = time.time()
+        boxes = detector(image)
+        return boxes, time.time() - tic
+    """
+    (tmp_path / "demo.py").write_text(_HEADER + textwrap.dedent(body))
+    found = [
+        d
+        for r in check_paths([str(tmp_path)], ["ST006"])
+        if r.path.endswith("demo.py")
+        for d in r.diagnostics
+    ]
+    project.clear()
+    assert found == []

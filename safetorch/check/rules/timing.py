@@ -324,16 +324,60 @@ def _runs_when_called(node: ast.AST) -> List[ast.AST]:
     return out
 
 
-def syncing_definitions(tree: ast.Module, path: str) -> FrozenSet[str]:
-    """The module-level functions and classes of a file whose code may wait for the GPU when
-    called (a class: its ``forward``): a gather function for ``project_facts``."""
+def _made_by(value: ast.AST) -> str:
+    """The name of what builds ``value``: ``Net`` for ``Net(...)``, ``Net(...).cuda()``,
+    ``Net(...).to(device).eval()``; "" for anything else."""
+    while (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and isinstance(value.func.value, ast.Call)
+    ):
+        value = value.func.value
+    return _call_name(value.func) if isinstance(value, ast.Call) else ""
+
+
+def _calls_into(node: ast.AST, parts: List[ast.AST]) -> FrozenSet[str]:
+    """Names of the project code a call of ``node`` reaches from ``parts`` (what it runs):
+    functions called by a bare name, and the classes whose instances it calls through a
+    ``self`` attribute its class binds (``self.head = Head()`` ... ``self.head(x)``)."""
+    attrs: Dict[str, str] = {}
+    if isinstance(node, ast.ClassDef):
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Assign) and len(sub.targets) == 1:
+                attr = self_attr(sub.targets[0])
+                made = _made_by(sub.value)
+                if attr is not None and made[:1].isupper():
+                    attrs[attr] = made
+    found: Set[str] = set()
+    for part in parts:
+        for sub in ast.walk(part):
+            if isinstance(sub, ast.Call):
+                if isinstance(sub.func, ast.Name):
+                    found.add(sub.func.id)
+                attr = self_attr(sub.func)
+                if attr is not None and attr in attrs:
+                    found.add(attrs[attr])
+    return frozenset(found)
+
+
+def syncing_definitions(
+    tree: ast.Module, path: str
+) -> Tuple[FrozenSet[str], Tuple[Tuple[str, FrozenSet[str]], ...]]:
+    """(the module-level functions and classes of a file whose code may wait for the GPU when
+    called, a class by its ``forward``; for the others, the project code each reaches): a
+    gather function for ``project_facts``, joined over the project by
+    ``UnsyncedCudaTiming._project_syncs``."""
     found = set()
+    reaches = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             masks = _masks(node)  # of the whole class: a method passes its mask to another
-            if any(_body_syncs(part, masks) for part in _runs_when_called(node)):
+            parts = _runs_when_called(node)
+            if any(_body_syncs(part, masks) for part in parts):
                 found.add(node.name)
-    return frozenset(found)
+            else:
+                reaches.append((node.name, _calls_into(node, parts)))
+    return frozenset(found), tuple(reaches)
 
 
 class UnsyncedCudaTiming(Rule):
@@ -548,8 +592,15 @@ class UnsyncedCudaTiming(Rule):
         """Names of the project's module-level functions and classes that may wait for the GPU."""
         found = self.ctx.cache.get("st006_project_syncs")
         if found is None:
-            facts = self.ctx.project_facts("ST006-syncing", syncing_definitions)
-            found = frozenset(n for names in facts.values() for n in names)
+            facts = self.ctx.project_facts("ST006-syncing", syncing_definitions).values()
+            syncing = {n for names, _ in facts for n in names}
+            reaches = [r for _, per_file in facts for r in per_file]
+            for _ in range(6):  # a loss calling a matcher calling NMS: a few levels deep
+                more = {name for name, calls in reaches if calls & syncing} - syncing
+                if not more:
+                    break
+                syncing |= more
+            found = frozenset(syncing)
             self.ctx.cache["st006_project_syncs"] = found
         return found
 
@@ -562,10 +613,9 @@ class UnsyncedCudaTiming(Rule):
             for node in self.ctx.walk(self.ctx.tree):
                 if isinstance(node, ast.Assign) and len(node.targets) == 1:
                     key = var_key(node.targets[0])
-                    if key is not None and isinstance(node.value, ast.Call):
-                        made = _call_name(node.value.func)
-                        if made[:1].isupper():  # an instance of a class (not a loader's result)
-                            found.setdefault(key, set()).add(made)
+                    made = _made_by(node.value)
+                    if key is not None and made[:1].isupper():  # a class's instance
+                        found.setdefault(key, set()).add(made)
             self.ctx.cache["st006_bound_calls"] = found
         return found
 
