@@ -332,3 +332,22 @@ def test_another_programs_checkpoint_is_no_evidence(tmp_path: Path) -> None:
     files["examples/gan/resume.py"] = files.pop("examples/mnist/resume.py")
     project.clear()
     assert len(_lines(tmp_path, files, "gan/resume.py")) == 1
+
+
+def test_a_cuda_only_helper_elsewhere_in_the_script_is_quiet(tmp_path: Path) -> None:
+    # The script seeds CUDA when it can, but its training function moves the model to CUDA
+    # whatever is tested: it does not run without CUDA.
+    loader = """
+    import torch
+    from model import Net
+
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed(0)
+
+    def train(net):
+        net.cuda()
+
+    def resume():
+        return torch.load("weights/net_final.pth")
+    """
+    assert _lines(tmp_path, {"train.py": SAVER, "resume.py": loader}, "resume.py") == []

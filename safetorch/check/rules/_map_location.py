@@ -15,7 +15,7 @@ on a CPU-only machine) or on the wrong one (every rank of a multi-process job on
 - *a script that runs without CUDA, or in several processes*: the loading file chooses a
   device that includes the CPU (``torch.cuda.is_available()`` not asserted, a ``"cpu"``
   device chosen by a test, a ``--cuda`` / ``--no-cuda`` / ``--cpu`` option, ``args.cuda``
-  read) and does not move to CUDA whatever is tested around the load; or it starts or joins
+  read) and no statement of it moves to CUDA whatever is tested; or it starts or joins
   ranks (``init_process_group``, DDP, ``local_rank``, ``mp.spawn``) and the load is not
   kept to the main process.
 
@@ -346,8 +346,8 @@ def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tup
     A CPU path is a CUDA test the script goes on from (``torch.cuda.is_available()``, not
     asserted), a ``"cpu"`` device it may choose, or a command-line switch between CUDA and
     the CPU (``--cuda``, ``--no-cuda``, ``--cpu``, ``args.cuda``; not ``--gpus`` or
-    ``--ngpu``); it is no path where the load's function or the module moves to CUDA
-    whatever is tested (``model.cuda()``, ``DEVICE = "cuda"``). Several processes: the
+    ``--ngpu``); it is no path where a statement of the file moves to CUDA whatever is
+    tested (``model.cuda()``, ``DEVICE = "cuda"``). Several processes: the
     script starts or joins them (``init_process_group``, DDP, ``local_rank``,
     ``mp.spawn``), and the load is not kept to one of them (``if rank == 0:``)."""
     cpu, ranks = _evidence(ctx)
@@ -415,13 +415,13 @@ def _unconditional_cuda(stmt: ast.AST) -> bool:
 
 
 def cuda_only_around(ctx: Context, call: ast.Call) -> Optional[int]:
-    """The line of a move to CUDA that runs whatever is tested, in the function of the load
-    ``call`` or at module level (``model = Net().cuda()``, ``DEVICE = "cuda"``): that script
-    cannot run without CUDA, so a CPU fallback elsewhere in the file is not its path."""
-    scope = flow.file_of(ctx).scope_of(call)
-    bodies = [ctx.tree.body]
-    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        bodies.append(scope.body)
+    """The line of a move to CUDA that runs whatever is tested, at module level or in a
+    function of the file of the load ``call`` (``model = Net().cuda()``, ``net.cuda()``,
+    ``DEVICE = "cuda"``): that script cannot run without CUDA, so a CPU fallback test
+    elsewhere in it is not its path."""
+    bodies = [ctx.tree.body] + [
+        n.body for n in ctx.walk(ctx.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
     for body in bodies:
         for stmt in _move_statements(body):
             if _unconditional_cuda(stmt):

@@ -679,8 +679,8 @@ class LoadWithoutMapLocation(Rule):
     includes the CPU (``torch.cuda.is_available()`` not asserted, a ``"cpu"`` device chosen
     by a test or bound to a device name, a ``--cuda`` / ``--no-cuda`` / ``--cpu`` option,
     ``args.cuda`` read; not ``--gpus`` / ``--ngpu``, nor ``map_location="cpu"`` or
-    ``.to("cpu")`` elsewhere), with no move to CUDA that runs whatever is tested in the
-    load's function or at module level (``model.cuda()``, ``DEVICE = "cuda"``); or in
+    ``.to("cpu")`` elsewhere), with no statement of the file that moves to CUDA whatever
+    is tested (``model.cuda()``, ``DEVICE = "cuda"``); or in
     several processes it starts or joins (``init_process_group``, DDP, ``local_rank``,
     ``mp.spawn``), with the load not kept to the main process (``if rank == 0:``): every
     rank loads onto the device the file was saved from.
