@@ -351,3 +351,36 @@ def test_a_cuda_only_helper_elsewhere_in_the_script_is_quiet(tmp_path: Path) -> 
         return torch.load("weights/net_final.pth")
     """
     assert _lines(tmp_path, {"train.py": SAVER, "resume.py": loader}, "resume.py") == []
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        # a place to copy results to is no device the script runs on
+        """
+        import torch
+        cpu_device = torch.device("cpu")
+        state = torch.load("weights/net_final.pth")
+        """,
+        # the script exits where CUDA is missing
+        """
+        import sys, torch
+        if torch.cuda.is_available():
+            dev = torch.device("cuda")
+        else:
+            sys.exit("no GPU")
+        state = torch.load("weights/net_final.pth")
+        """,
+    ],
+)
+def test_no_cpu_run_is_quiet(tmp_path: Path, loader: str) -> None:
+    assert _lines(tmp_path, {"train.py": SAVER, "infer.py": loader}, "infer.py") == []
+
+
+def test_a_device_bound_to_the_cpu_is_a_cpu_path(tmp_path: Path) -> None:
+    loader = """
+    import torch
+    device = torch.device("cpu")
+    state = torch.load("weights/net_final.pth")
+    """
+    assert len(_lines(tmp_path, {"train.py": SAVER, "infer.py": loader}, "infer.py")) == 1

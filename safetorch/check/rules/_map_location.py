@@ -246,10 +246,17 @@ def _cpu_device_literal(node: ast.Constant, parents: Dict[int, ast.AST]) -> bool
         return True
     if isinstance(parent, ast.Call):
         func = parent.func
-        return isinstance(func, ast.Attribute) and func.attr == "device" and node in parent.args
+        if not (isinstance(func, ast.Attribute) and func.attr == "device" and node in parent.args):
+            return False
+        parent = parents.get(id(parent))  # torch.device("cpu"): where it goes
+        if isinstance(parent, (ast.IfExp, ast.Compare)):
+            return True
     if isinstance(parent, (ast.Assign, ast.AnnAssign)):
         targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
-        return any("dev" in ast.unparse(t).lower() for t in targets)
+        names = [ast.unparse(t).lower() for t in targets]
+        # ``device = "cpu"``; not ``cpu_device = torch.device("cpu")``, a place to copy
+        # results to in a script that runs on CUDA
+        return any("dev" in n and "cpu" not in n for n in names)
     return False
 
 
@@ -277,11 +284,13 @@ def _requires_cuda(node: ast.AST, parents: Dict[int, ast.AST]) -> bool:
         up = parents.get(id(up))
     if isinstance(up, ast.Assert):
         return True
-    if isinstance(up, ast.If) and isinstance(up.test, ast.UnaryOp):
+    if isinstance(up, ast.If):
+        # ``if not available: raise``, or ``if available: ... else: sys.exit(...)``
+        branch = up.body if isinstance(up.test, ast.UnaryOp) else up.orelse
         return any(
             isinstance(s, ast.Raise)
             or (isinstance(s, ast.Expr) and "exit" in ast.unparse(s.value).split("(")[0])
-            for s in up.body
+            for s in branch
         )
     return False
 
@@ -344,7 +353,8 @@ def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tup
     library).
 
     A CPU path is a CUDA test the script goes on from (``torch.cuda.is_available()``, not
-    asserted), a ``"cpu"`` device it may choose, or a command-line switch between CUDA and
+    asserted nor tested only to stop), a ``"cpu"`` device it may choose (``device = "cpu"``,
+    a branch of a test; not ``cpu_device``, where results are copied), or a switch between CUDA and
     the CPU (``--cuda``, ``--no-cuda``, ``--cpu``, ``args.cuda``; not ``--gpus`` or
     ``--ngpu``); it is no path where a statement of the file moves to CUDA whatever is
     tested (``model.cuda()``, ``DEVICE = "cuda"``). Several processes: the

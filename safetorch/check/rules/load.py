@@ -676,8 +676,9 @@ class LoadWithoutMapLocation(Rule):
     ``.cuda()`` / ``.to(device)``, a dict bound to one) in a file that puts things on CUDA;
     the save is in the loading script itself or names its file (a literal, a literal end such
     as ``"_best.pth"``). And the loading script also runs without CUDA: a device choice that
-    includes the CPU (``torch.cuda.is_available()`` not asserted, a ``"cpu"`` device chosen
-    by a test or bound to a device name, a ``--cuda`` / ``--no-cuda`` / ``--cpu`` option,
+    includes the CPU (``torch.cuda.is_available()`` neither asserted nor tested only to stop
+    without CUDA, a ``"cpu"`` device chosen by a test or bound to a device name, not
+    ``cpu_device = torch.device("cpu")``, a ``--cuda`` / ``--no-cuda`` / ``--cpu`` option,
     ``args.cuda`` read; not ``--gpus`` / ``--ngpu``, nor ``map_location="cpu"`` or
     ``.to("cpu")`` elsewhere), with no statement of the file that moves to CUDA whatever
     is tested (``model.cuda()``, ``DEVICE = "cuda"``); or in
