@@ -414,3 +414,30 @@ def test_a_forward_that_post_processes_through_submodules_waits(tmp_path: Path) 
     ]
     project.clear()
     assert found == []
+
+
+def test_a_model_moved_to_a_cpu_only_device_launches_no_cuda_work() -> None:
+    # The file names CUDA (its header), but this policy lives on a device bound only to the CPU.
+    body = """
+    device = torch.device("cpu")
+    policy = torch.nn.Linear(8, 2).to(device)
+
+    def act(obs):
+        tic = time.time()
+        logits = policy(obs)
+        return logits, time.time() - tic
+    """
+    assert _timing(body) == []
+
+
+def test_a_model_moved_to_a_device_that_may_be_cuda_is_reported() -> None:
+    body = """
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy = torch.nn.Linear(8, 2).to(device)
+
+    def act(obs):
+        tic = time.time()
+        logits = policy(obs)
+        return logits, time.time() - tic
+    """
+    assert _timing(body) == [8]

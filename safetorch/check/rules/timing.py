@@ -108,6 +108,13 @@ def _moved_to_device(node: ast.AST) -> Optional[ast.expr]:
     return None
 
 
+def _is_cpu(node: ast.AST) -> bool:
+    """``"cpu"`` or ``torch.device("cpu")``."""
+    if isinstance(node, ast.Call) and _call_name(node.func) == "device" and node.args:
+        node = node.args[0]
+    return isinstance(node, ast.Constant) and node.value == "cpu"
+
+
 def _is_cuda_marker(node: ast.AST) -> bool:
     """``x.cuda()``, ``torch.cuda.*``, ``"cuda"`` / ``"cuda:0"``."""
     if isinstance(node, ast.Attribute):
@@ -391,7 +398,8 @@ class UnsyncedCudaTiming(Rule):
     ``t1 - t0``) ends it when the elapsed time is reported (not only compared with a
     deadline, ``if time.time() - t0 > limit:``). It reports the end reading only on strong
     evidence: the interval's main work is launched (a forward of a model the code moved to
-    CUDA with ``.cuda()`` or ``.to(device)``, ``.backward()`` or an optimizer's ``.step()``
+    CUDA with ``.cuda()`` or ``.to(device)``, not to a device bound only to the CPU;
+    ``.backward()`` or an optimizer's ``.step()``
     in a function that uses CUDA), and nothing in the interval after that first main work
     waits for the GPU. Tensor arithmetic alone, an environment's or a scheduler's
     ``step()``, a library's ``generate()`` and calls of code outside the project are no
@@ -648,9 +656,13 @@ class UnsyncedCudaTiming(Rule):
         names = self.ctx.cache.get("cuda_names")
         if names is None:
             names = set()
+            cpu = self._cpu_devices()
             for node in self.ctx.walk(self.ctx.tree):
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                    if any(_moved_to_device(n) is not None for n in self.ctx.walk(node.value)):
+                    if any(
+                        _moved_to_device(n) is not None and not self._to_cpu(n, cpu)
+                        for n in self.ctx.walk(node.value)
+                    ):
                         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                         for target in targets:
                             for sub in self.ctx.walk(target):
@@ -659,11 +671,36 @@ class UnsyncedCudaTiming(Rule):
                                     names.add(root)
                 elif isinstance(node, ast.Expr):
                     moved = _moved_to_device(node.value)
+                    if moved is not None and self._to_cpu(node.value, cpu):
+                        moved = None
                     root = None if moved is None else _root_name(moved)
                     if root is not None:
                         names.add(root)
             self.ctx.cache["cuda_names"] = names
         return names
+
+    def _cpu_devices(self) -> Set[str]:
+        """Names (and ``self.x``) the file binds only to the CPU (``device = "cpu"``,
+        ``device = torch.device("cpu")``): a move to one of them puts nothing on CUDA."""
+        bound: Dict[str, List[ast.expr]] = {}
+        for node in self.ctx.walk(self.ctx.tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                key = var_key(node.targets[0])
+                if key is not None:
+                    bound.setdefault(key, []).append(node.value)
+        return {k for k, values in bound.items() if all(_is_cpu(v) for v in values)}
+
+    def _to_cpu(self, node: ast.AST, cpu: Set[str]) -> bool:
+        """``x.to(device)`` where ``device`` is bound only to the CPU, or ``x.to("cpu")``."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            return False
+        if node.func.attr != "to":
+            return False
+        target = find_keyword(node, "device")
+        device = target.value if target is not None else (node.args[0] if node.args else None)
+        if device is None:
+            return False
+        return _is_cpu(device) or var_key(device) in cpu
 
     def _work_kind(self, call: ast.Call, cuda_scope: bool) -> Optional[str]:
         """``_MAJOR`` for a model's forward, ``.backward()`` or an optimizer's step,
