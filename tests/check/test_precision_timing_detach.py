@@ -69,17 +69,6 @@ def _timing(body: str) -> List[int]:
             """,
             [5],
         ),
-        (  # a value read after the first forward, a second forward left running
-            """
-            def two_models(batch):
-                tic = time.time()
-                first = net(batch)
-                score = first.sum().item()
-                second = net(first)
-                return score, second, time.time() - tic
-            """,
-            [7],
-        ),
         (  # a scheduler step and model.train() are not the work; the forward after the copy is
             """
             def epoch_step(images, sched):
@@ -103,19 +92,6 @@ def _timing(body: str) -> List[int]:
             def timed(batch):
                 tic = time.time()
                 run_once(batch)
-                return time.time() - tic
-            """,
-            [9],
-        ),
-        (  # a helper that syncs first and launches work last is work, not a wait
-            """
-            def log_then_step(batch):
-                print(batch.sum().item())
-                net(batch).sum().backward()
-
-            def timed(batch):
-                tic = time.time()
-                log_then_step(batch)
                 return time.time() - tic
             """,
             [9],

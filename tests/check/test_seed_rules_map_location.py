@@ -172,3 +172,215 @@ def test_a_script_resuming_what_it_saves(tmp_path: Path) -> None:
 def test_no_evidence_of_the_pitfall_is_quiet(tmp_path: Path, files: Dict[str, str]) -> None:
     name = [n for n in files if n != "train.py"][-1]
     assert _lines(tmp_path, files, name) == []
+
+
+# -- issue 33, second pass (fourth corpus batch): strong evidence only -------------------------
+
+SAVER = """
+    import torch
+    from model import Net
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    net = Net().to(device)
+    torch.save(net.state_dict(), "weights/net_final.pth")
+"""
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        # a switch between CUDA and the CPU, read in the loading script
+        """
+        import argparse, torch
+        from model import Net
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--no-cuda", action="store_true")
+        args = parser.parse_args()
+        net = Net()
+        if not args.no_cuda:
+            net = net.cuda()
+        net.load_state_dict(torch.load("weights/net_final.pth"))
+        """,
+        # a --device option whose help names the CPU
+        """
+        import argparse, torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--device", default="cuda:0", help="cuda:N or cpu")
+        args = parser.parse_args()
+        state = torch.load("weights/net_final.pth")
+        """,
+        # a device chosen by a test, the load inside a function
+        """
+        import torch
+
+        def restore():
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+            return torch.load("weights/net_final.pth")
+        """,
+    ],
+)
+def test_strong_cpu_path_still_reported(tmp_path: Path, loader: str) -> None:
+    found = _lines(tmp_path, {"train.py": SAVER, "infer.py": loader}, "infer.py")
+    assert len(found) == 1
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        # --gpus / --ngpu choose which or how many GPUs: no CPU path
+        """
+        import argparse, torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--gpus", type=int, nargs="+", default=[0, 1])
+        parser.add_argument("--ngpu", type=int, default=1)
+        args = parser.parse_args()
+        state = torch.load("weights/net_final.pth")
+        """,
+        # map_location="cpu" on another load and x.to("cpu") move data; they choose no device
+        """
+        import torch
+        other = torch.load("weights/other.pth", map_location="cpu")
+        state = torch.load("weights/net_final.pth")
+        host = state["w"].to("cpu")
+        """,
+        # the script needs CUDA: it stops without it
+        """
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit("this demo needs a GPU")
+        state = torch.load("weights/net_final.pth")
+        """,
+        """
+        import torch
+        assert torch.cuda.is_available(), "GPU required"
+        state = torch.load("weights/net_final.pth")
+        """,
+        # the load's function moves to CUDA whatever is tested: a CUDA-only path
+        """
+        import argparse, torch
+        from model import Net
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--cpu", action="store_true")
+
+        def evaluate(args):
+            net = Net()
+            net.load_state_dict(torch.load("weights/net_final.pth"))
+            net.cuda()
+        """,
+        # a CUDA-only device constant at module level
+        """
+        import torch
+        DEVICE = "cuda"
+        use_cuda = True
+        state = torch.load("weights/net_final.pth")
+        """,
+        # ranks, but the load is kept to the main process (its own device, cuda:0)
+        """
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        if dist.get_rank() == 0:
+            state = torch.load("weights/net_final.pth")
+        """,
+        # importing torch.distributed is no multi-process run (a library's helpers)
+        """
+        import torch
+        import torch.distributed as dist
+
+        def world():
+            return dist.get_world_size() if dist.is_initialized() else 1
+
+        state = torch.load("weights/net_final.pth")
+        """,
+    ],
+)
+def test_weak_evidence_is_quiet(tmp_path: Path, loader: str) -> None:
+    assert _lines(tmp_path, {"train.py": SAVER, "infer.py": loader}, "infer.py") == []
+
+
+def test_a_buffer_filled_in_memory_is_no_file(tmp_path: Path) -> None:
+    # Each rank serializes its state into bytes and reads back its own: its devices.
+    script = """
+    import io, torch
+    import torch.distributed as dist
+
+    def roundtrip(model):
+        dist.init_process_group("nccl")
+        model = model.cuda()
+        buf = io.BytesIO()
+        torch.save(model.state_dict(), buf)
+        buf.seek(0)
+        return torch.load(buf)
+    """
+    assert _lines(tmp_path, {"state.py": script}, "state.py") == []
+
+
+def test_another_programs_checkpoint_is_no_evidence(tmp_path: Path) -> None:
+    # examples/gan saves from CUDA; examples/mnist loads a file of its own (never saved here).
+    (tmp_path / "examples" / "gan").mkdir(parents=True)
+    (tmp_path / "examples" / "mnist").mkdir(parents=True)
+    files = {
+        "examples/gan/train.py": SAVER,
+        "examples/mnist/resume.py": """
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        state = torch.load("weights/net_final.pth")
+        """,
+    }
+    assert _lines(tmp_path, files, "resume.py") == []
+    # The same loader next to the saver is reported.
+    files["examples/gan/resume.py"] = files.pop("examples/mnist/resume.py")
+    project.clear()
+    assert len(_lines(tmp_path, files, "gan/resume.py")) == 1
+
+
+def test_a_cuda_only_helper_elsewhere_in_the_script_is_quiet(tmp_path: Path) -> None:
+    # The script seeds CUDA when it can, but its training function moves the model to CUDA
+    # whatever is tested: it does not run without CUDA.
+    loader = """
+    import torch
+    from model import Net
+
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed(0)
+
+    def train(net):
+        net.cuda()
+
+    def resume():
+        return torch.load("weights/net_final.pth")
+    """
+    assert _lines(tmp_path, {"train.py": SAVER, "resume.py": loader}, "resume.py") == []
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        # a place to copy results to is no device the script runs on
+        """
+        import torch
+        cpu_device = torch.device("cpu")
+        state = torch.load("weights/net_final.pth")
+        """,
+        # the script exits where CUDA is missing
+        """
+        import sys, torch
+        if torch.cuda.is_available():
+            dev = torch.device("cuda")
+        else:
+            sys.exit("no GPU")
+        state = torch.load("weights/net_final.pth")
+        """,
+    ],
+)
+def test_no_cpu_run_is_quiet(tmp_path: Path, loader: str) -> None:
+    assert _lines(tmp_path, {"train.py": SAVER, "infer.py": loader}, "infer.py") == []
+
+
+def test_a_device_bound_to_the_cpu_is_a_cpu_path(tmp_path: Path) -> None:
+    loader = """
+    import torch
+    device = torch.device("cpu")
+    state = torch.load("weights/net_final.pth")
+    """
+    assert len(_lines(tmp_path, {"train.py": SAVER, "infer.py": loader}, "infer.py")) == 1

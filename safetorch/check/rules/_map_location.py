@@ -5,16 +5,19 @@ The pitfall is a load that puts tensors back on a device that is not there (a GP
 on a CPU-only machine) or on the wrong one (every rank of a multi-process job onto
 ``cuda:0``). Both halves must show in the project's own code:
 
-- *CUDA tensors in the file*: a save of the project that may write the loaded path (by its
-  shape, :func:`_load_flow.candidates`) saves what is not evidently on the CPU, in a file
-  that puts things on CUDA (``.cuda()``, ``"cuda"``, ``torch.cuda``, ``torch.accelerator``).
-  The save is in the loading file itself (a script that resumes what it saved) or names its
-  file (a literal, a literal end such as ``"_best.pth"``); a generic helper that saves to
-  a path it is given, in a file that never names CUDA, is no evidence.
-- *a script that runs without CUDA, or in several processes*: the loading file has a CPU
-  path (``torch.cuda.is_available()``, a ``"cpu"`` device, a ``--cuda`` / ``--no-cuda`` /
-  ``--cpu`` option, ``args.cuda`` tested) or runs ranks (``torch.distributed``,
-  ``local_rank``, DDP).
+- *CUDA tensors in the file*: a save of the same program (the loading file's directory, or
+  one inside the other) that may write the loaded path (by its shape,
+  :func:`_load_flow.candidates`) saves what is not evidently on the CPU, in a file that puts
+  things on CUDA (``.cuda()``, ``"cuda"``, ``torch.cuda``, ``torch.accelerator``). The save
+  is in the loading file itself (a script that resumes what it saved) or names its file (a
+  literal, a literal end such as ``"_best.pth"``); a generic helper that saves to a path it
+  is given, in a file that never names CUDA, is no evidence, nor is an in-memory buffer.
+- *a script that runs without CUDA, or in several processes*: the loading file chooses a
+  device that includes the CPU (``torch.cuda.is_available()`` not asserted, a ``"cpu"``
+  device chosen by a test, a ``--cuda`` / ``--no-cuda`` / ``--cpu`` option, ``args.cuda``
+  read) and no statement of it moves to CUDA whatever is tested; or it starts or joins
+  ranks (``init_process_group``, DDP, ``local_rank``, ``mp.spawn``) and the load is not
+  kept to the main process.
 
 Standard library only, like the rest of ``safetorch.check``.
 
@@ -28,6 +31,7 @@ False
 from __future__ import annotations
 
 import ast
+import posixpath
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from safetorch.check.engine import Context
@@ -35,18 +39,24 @@ from safetorch.check.rules import _load_flow as flow
 
 __all__ = ["RANKS", "cuda_save", "device_saves", "mentions_cuda", "runs_off_cuda"]
 
-# Names of command-line switches and variables that choose between CUDA and the CPU.
-_SWITCHES = frozenset(
-    {"cuda", "no_cuda", "use_cuda", "use_gpu", "cpu", "gpu", "ngpu", "gpus", "gpu_ids"}
-    | {"device", "accel", "no_accel"}
-)
-# Option strings that choose the device (``--cuda``, ``--no-cuda``, ``--cpu``).
+# Names of command-line switches and variables that choose between CUDA and the CPU (not
+# ``gpus`` / ``ngpu`` / ``gpu_ids``, which choose how many or which GPUs, nor ``device``, which
+# an option may set to a GPU only).
+_SWITCHES = frozenset({"cuda", "no_cuda", "use_cuda", "use_gpu", "cpu", "accel", "no_accel"})
+# Option strings that choose between CUDA and the CPU (``--cuda``, ``--no-cuda``, ``--cpu``);
+# ``--device`` only where its default, help or choices name the CPU.
 _DEVICE_OPTIONS = frozenset(
-    {"--cuda", "--no-cuda", "--no_cuda", "--cpu", "--gpu", "--use-cuda", "--use_cuda"}
-    | {"--use-gpu", "--use_gpu", "--device", "--accel", "--no-accel", "--ngpu", "--gpus"}
+    {"--cuda", "--no-cuda", "--no_cuda", "--cpu", "--use-cuda", "--use_cuda", "--use-gpu"}
+    | {"--use_gpu", "--accel", "--no-accel", "--no_accel"}
 )
-# Attributes and names that say the script runs in several processes.
-_RANKS = frozenset({"local_rank", "world_size", "rank", "init_process_group", "spawn"})
+# Attributes and names that say the script starts or joins several processes itself (not a
+# ``rank`` or ``world_size`` alone, nor an import of ``torch.distributed``: a library's
+# helpers use those in single-process runs too).
+_RANKS = frozenset({"local_rank", "init_process_group", "DistributedDataParallel"})
+# Calls that start one process per device.
+_SPAWNS = frozenset({"spawn", "start_processes", "Parallel"})
+# Words of a test that keeps a load to one process (``if rank == 0:``, ``if is_main_process():``).
+_MAIN_PROCESS = ("rank", "main_process", "is_master", "is_main")
 
 
 #: What :func:`runs_off_cuda` says of a file that runs ranks.
@@ -157,6 +167,14 @@ def _bindings(tree: ast.Module) -> Dict[str, List[ast.expr]]:
     return found
 
 
+def _related(here: str, there: str) -> bool:
+    """Two files of one program: the same directory, or one's directory inside the other's
+    (``tools/train.py`` and ``demo.py`` at the root; not ``examples/gan/`` and
+    ``examples/mnist/``, two programs that share nothing but the repository)."""
+    a, b = posixpath.dirname(here), posixpath.dirname(there)
+    return a == b or not a or not b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
 def cuda_save(ctx: Context, call: ast.Call) -> Optional[flow.Save]:
     """The save of the project that evidently writes the file ``call`` loads from CUDA
     tensors, or None."""
@@ -177,6 +195,8 @@ def cuda_save(ctx: Context, call: ast.Call) -> Optional[flow.Save]:
     for save in sorted(found, key=lambda s: (s.path != here, s.path, s.line)):
         if save.cpu or not cuda_files.get(save.path):
             continue
+        if not _related(here, save.path):
+            continue  # another program of the repository (another example's checkpoints)
         if save.line not in device.get(save.path, frozenset()):
             continue  # a cache of data, not a module's tensors
         named_save = save.shape.exact is not None or bool(save.shape.suffix.strip("./"))
@@ -204,36 +224,249 @@ def _is_switch(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id in ("use_cuda", "use_gpu", "no_cuda")
 
 
-def runs_off_cuda(ctx: Context) -> Optional[Tuple[int, str]]:
-    """(line, why) where the checked file shows it also runs without CUDA or in several
-    processes; None for a file that shows neither (a CUDA-only script, a library)."""
-    cached = ctx.cache.get("ST004-off-cuda", False)
-    if cached is not False:
+def _parents(ctx: Context) -> Dict[int, ast.AST]:
+    """id(node) -> its parent, for the checked file."""
+    found = ctx.cache.get("ST004-parents")
+    if found is None:
+        found = {}
+        for node in ctx.walk(ctx.tree):
+            for child in ast.iter_child_nodes(node):
+                found[id(child)] = node
+        ctx.cache["ST004-parents"] = found
+    return found
+
+
+def _cpu_device_literal(node: ast.Constant, parents: Dict[int, ast.AST]) -> bool:
+    """A ``"cpu"`` literal that chooses the device the script runs on: a branch of a
+    conditional expression, a side of a comparison, ``torch.device("cpu")``, a value bound to
+    a device name (``device = "cpu"``); not ``map_location="cpu"`` or ``x.to("cpu")``, which
+    move data to the host and say nothing of where the script runs."""
+    parent = parents.get(id(node))
+    if isinstance(parent, (ast.IfExp, ast.Compare)):
+        return True
+    if isinstance(parent, ast.Call):
+        func = parent.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "device" and node in parent.args):
+            return False
+        parent = parents.get(id(parent))  # torch.device("cpu"): where it goes
+        if isinstance(parent, (ast.IfExp, ast.Compare)):
+            return True
+    if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+        targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+        names = [ast.unparse(t).lower() for t in targets]
+        # ``device = "cpu"``; not ``cpu_device = torch.device("cpu")``, a place to copy
+        # results to in a script that runs on CUDA
+        return any("dev" in n and "cpu" not in n for n in names)
+    return False
+
+
+def _device_option(node: ast.Call) -> Optional[str]:
+    """The option string of an ``add_argument`` that chooses between CUDA and the CPU."""
+    func = node.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "add_argument"):
+        return None
+    flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    for flag in flags:
+        if flag in _DEVICE_OPTIONS:
+            return flag
+        if flag == "--device":
+            texts = [ast.unparse(k.value) for k in node.keywords]
+            if any("cpu" in t.lower() for t in texts):
+                return flag
+    return None
+
+
+def _requires_cuda(node: ast.AST, parents: Dict[int, ast.AST]) -> bool:
+    """``torch.cuda.is_available()`` asserted, or tested only to stop the script
+    (``if not torch.cuda.is_available(): raise ...``): the script needs CUDA."""
+    up = parents.get(id(node))
+    while up is not None and not isinstance(up, (ast.stmt)):
+        up = parents.get(id(up))
+    if isinstance(up, ast.Assert):
+        return True
+    if isinstance(up, ast.If):
+        # ``if not available: raise``, or ``if available: ... else: sys.exit(...)``
+        branch = up.body if isinstance(up.test, ast.UnaryOp) else up.orelse
+        return any(
+            isinstance(s, ast.Raise)
+            or (isinstance(s, ast.Expr) and "exit" in ast.unparse(s.value).split("(")[0])
+            for s in branch
+        )
+    return False
+
+
+def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[int, str]]]:
+    """(the first CPU path, the first sign of several processes) of the checked file, each
+    (line, why) or None."""
+    cached = ctx.cache.get("ST004-evidence")
+    if cached is not None:
         return cached
-    found: Optional[Tuple[int, str]] = None
+    cpu: Optional[Tuple[int, str]] = None
+    ranks: Optional[Tuple[int, str]] = None
+    parents = _parents(ctx)
     called = {id(n.func) for n in ctx.walk(ctx.tree) if isinstance(n, ast.Call)}
+    needs_cuda = False
     for node in ctx.walk(ctx.tree):
         line = getattr(node, "lineno", 0)
         why = None
+        rank = False
         if isinstance(node, ast.Attribute):
-            if node.attr in ("is_available", "device_count"):
-                why = f"{ctx.segment(node)} checks for CUDA"
-            elif node.attr in _RANKS or node.attr == "DistributedDataParallel":
-                why = _RANKS_WHY
+            if node.attr == "is_available" and "cuda" in ctx.segment(node):
+                if _requires_cuda(node, parents):
+                    needs_cuda = True
+                else:
+                    why = f"{ctx.segment(node)} checks for CUDA"
+            elif node.attr in _RANKS:
+                rank = True
+            elif node.attr in _SPAWNS and id(node) in called:
+                base = ctx.segment(node.value).lower()
+                rank = "mp" in base or "multiprocessing" in base or "idist" in base
             elif id(node) not in called and _is_switch(node):
                 why = f"a device switch, {ctx.segment(node)}"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value in ("cpu", "mps") or node.value.startswith("cpu:"):
-                why = f'the "{node.value}" device'
-            elif node.value in _DEVICE_OPTIONS:
-                why = f"a {node.value} option"
-        elif isinstance(node, ast.Name) and node.id in ("local_rank", "world_size"):
-            why = _RANKS_WHY
+                if _cpu_device_literal(node, parents):
+                    why = f'the "{node.value}" device'
+            elif node.value == "LOCAL_RANK":
+                rank = True
+        elif isinstance(node, ast.Call):
+            flag = _device_option(node)
+            if flag is not None:
+                why = f"a {flag} option"
+        elif isinstance(node, ast.Name) and node.id == "local_rank":
+            rank = True
         elif isinstance(node, ast.Name) and _is_switch(node):
             why = f"a device switch, {node.id}"
-        if why is not None and (found is None or line < found[0]):
-            found = (line, why)
-    if found is None and any(v.startswith("torch.distributed") for v in ctx.imports.values()):
-        found = (1, _RANKS_WHY)
-    ctx.cache["ST004-off-cuda"] = found
+        if why is not None and (cpu is None or line < cpu[0]):
+            cpu = (line, why)
+        if rank and (ranks is None or line < ranks[0]):
+            ranks = (line, _RANKS_WHY)
+    if needs_cuda:
+        cpu = None  # the script stops without CUDA
+    found = ctx.cache["ST004-evidence"] = (cpu, ranks)
     return found
+
+
+def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tuple[int, str]]:
+    """(line, why) where the checked file shows that the load ``call`` also runs without
+    CUDA or in several processes; None for a file that shows neither (a CUDA-only script, a
+    library).
+
+    A CPU path is a CUDA test the script goes on from (``torch.cuda.is_available()``, not
+    asserted nor tested only to stop), a ``"cpu"`` device it may choose (``device = "cpu"``,
+    a branch of a test; not ``cpu_device``, where results are copied), or a switch between CUDA and
+    the CPU (``--cuda``, ``--no-cuda``, ``--cpu``, ``args.cuda``; not ``--gpus`` or
+    ``--ngpu``); it is no path where a statement of the file moves to CUDA whatever is
+    tested (``model.cuda()``, ``DEVICE = "cuda"``). Several processes: the
+    script starts or joins them (``init_process_group``, DDP, ``local_rank``,
+    ``mp.spawn``), and the load is not kept to one of them (``if rank == 0:``)."""
+    cpu, ranks = _evidence(ctx)
+    if call is not None:
+        if cpu is not None and cuda_only_around(ctx, call) is not None:
+            cpu = None
+        if ranks is not None and main_process_only(ctx, call):
+            ranks = None
+    found = [e for e in (cpu, ranks) if e is not None]
+    return min(found) if found else None
+
+
+def _move_statements(body: List[ast.stmt]) -> List[ast.AST]:
+    """The statements of ``body`` run whatever is tested (not inside an ``if``, a loop's
+    ``else``, a ``try`` handler, a nested function or class)."""
+    out: List[ast.AST] = []
+    for stmt in body:
+        if isinstance(stmt, (ast.If, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            out.extend(_move_statements(stmt.body))
+        elif isinstance(stmt, ast.Try):
+            out.extend(_move_statements(stmt.body))
+        else:
+            out.append(stmt)
+    return out
+
+
+def _unconditional_cuda(stmt: ast.AST) -> bool:
+    """``x = x.cuda()`` / ``model.cuda()`` / ``device = torch.device("cuda")`` /
+    ``DEVICE = "cuda"``: a move to CUDA (or a CUDA-only device) no test guards."""
+    if isinstance(stmt, ast.Expr):
+        value: Optional[ast.AST] = stmt.value
+    elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        value = stmt.value
+    else:
+        return False
+    if value is None:
+        return False
+    for node in ast.walk(value):
+        if isinstance(node, (ast.IfExp, ast.BoolOp, ast.Lambda)):
+            return False  # chosen by a test: ``x.cuda() if cuda else x``
+    if isinstance(stmt, ast.Expr):
+        call = stmt.value
+        return (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "cuda"
+        )
+    for node in ast.walk(value):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "cuda" and not node.args:
+                return True
+            if node.func.attr == "device" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and str(first.value).startswith("cuda"):
+                    return True
+    return (
+        isinstance(value, ast.Constant)
+        and isinstance(value.value, str)
+        and value.value.startswith("cuda")
+        and isinstance(stmt, ast.Assign)
+        and any("dev" in ast.unparse(t).lower() for t in stmt.targets)
+    )
+
+
+def cuda_only_around(ctx: Context, call: ast.Call) -> Optional[int]:
+    """The line of a move to CUDA that runs whatever is tested, at module level or in a
+    function of the file of the load ``call`` (``model = Net().cuda()``, ``net.cuda()``,
+    ``DEVICE = "cuda"``): that script cannot run without CUDA, so a CPU fallback test
+    elsewhere in it is not its path."""
+    bodies = [ctx.tree.body] + [
+        n.body for n in ctx.walk(ctx.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    for body in bodies:
+        for stmt in _move_statements(body):
+            if _unconditional_cuda(stmt):
+                return getattr(stmt, "lineno", 0)
+    return None
+
+
+def main_process_only(ctx: Context, call: ast.Call) -> bool:
+    """The load runs in one process of a multi-process job: it is under an ``if`` testing the
+    rank (``if rank == 0:``, ``if args.local_rank in [-1, 0]:``, ``if is_main_process():``)."""
+    parents = _parents(ctx)
+    up = parents.get(id(call))
+    while up is not None:
+        if isinstance(up, ast.If):
+            test = ctx.segment(up.test).lower()
+            if any(w in test for w in _MAIN_PROCESS) and not isinstance(up.test, ast.UnaryOp):
+                return True
+        up = parents.get(id(up))
+    return False
+
+
+def loads_from_memory(ctx: Context, call: ast.Call) -> bool:
+    """The load reads an in-memory buffer (``io.BytesIO``) the process filled itself, not a
+    file: the devices it was saved from are this process's."""
+    path = (
+        call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "f"), None)
+    )
+    if path is None:
+        return False
+    file = flow.file_of(ctx)
+    values: List[ast.AST] = [path]
+    if isinstance(path, ast.Name):
+        values = list(file.assigned(file.scope_of(call)).get(path.id, [])) or values
+    return any(
+        isinstance(v, ast.Call)
+        and (ctx.segment(v.func).endswith("BytesIO") or ctx.qualname(v.func) == "io.BytesIO")
+        for v in values
+    )
