@@ -35,6 +35,7 @@ import posixpath
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from safetorch.check.engine import Context
+from safetorch.check.fixer import parents as parent_map
 from safetorch.check.rules import _load_flow as flow
 
 __all__ = ["RANKS", "cuda_save", "device_saves", "mentions_cuda", "runs_off_cuda"]
@@ -224,18 +225,6 @@ def _is_switch(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id in ("use_cuda", "use_gpu", "no_cuda")
 
 
-def _parents(ctx: Context) -> Dict[int, ast.AST]:
-    """id(node) -> its parent, for the checked file."""
-    found = ctx.cache.get("ST004-parents")
-    if found is None:
-        found = {}
-        for node in ctx.walk(ctx.tree):
-            for child in ast.iter_child_nodes(node):
-                found[id(child)] = node
-        ctx.cache["ST004-parents"] = found
-    return found
-
-
 def _cpu_device_literal(node: ast.Constant, parents: Dict[int, ast.AST]) -> bool:
     """A ``"cpu"`` literal that chooses the device the script runs on: a branch of a
     conditional expression, a side of a comparison, ``torch.device("cpu")``, a value bound to
@@ -303,7 +292,7 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
         return cached
     cpu: Optional[Tuple[int, str]] = None
     ranks: Optional[Tuple[int, str]] = None
-    parents = _parents(ctx)
+    parents = parent_map(ctx)
     called = {id(n.func) for n in ctx.walk(ctx.tree) if isinstance(n, ast.Call)}
     needs_cuda = False
     for node in ctx.walk(ctx.tree):
@@ -442,7 +431,7 @@ def cuda_only_around(ctx: Context, call: ast.Call) -> Optional[int]:
 def main_process_only(ctx: Context, call: ast.Call) -> bool:
     """The load runs in one process of a multi-process job: it is under an ``if`` testing the
     rank (``if rank == 0:``, ``if args.local_rank in [-1, 0]:``, ``if is_main_process():``)."""
-    parents = _parents(ctx)
+    parents = parent_map(ctx)
     up = parents.get(id(call))
     while up is not None:
         if isinstance(up, ast.If):
