@@ -26,7 +26,9 @@ __all__: List[str] = []  # private: the public API is in safetorch.patching
 #: Every patch family, in the order ``"all"`` applies them and the report lists them
 #: (``safetorch.patching`` declares them in this order).
 ORDER = ("upsample", "load", "state_dict", "index", "pin_memory", "syncbn", "legacy")
-#: The patches that change what legacy code computes: on only when named or with ``"all"``.
+#: The patches that st.patch() / st.patched() with no names leave off: they change what legacy
+#: code computes, so a user asks for them by name or with ``"all"``; ``safetorch run`` turns
+#: them on.
 OPT_IN = ("legacy",)
 
 _lock = threading.Lock()
@@ -48,7 +50,6 @@ def resolve_names(
             flat.extend(n)
         else:
             flat.append(n)
-    out: List[str] = []
     for n in flat:
         if not isinstance(n, str):
             raise TypeError(
@@ -57,8 +58,9 @@ def resolve_names(
             )
     if not flat:
         return list(known) if default_all else []
+    out: List[str] = []
     for n in flat:
-        for part in str(n).split(","):
+        for part in str(n).split(","):  # str() for mypy: every n is a str by now
             part = part.strip()
             if not part:
                 continue

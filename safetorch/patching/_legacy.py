@@ -5,11 +5,10 @@ still has a working ``torch.solve`` keeps it): ``torch._six`` (a module installe
 patch is on), ``torch.solve/lstsq/eig/symeig/matrix_rank`` and their Tensor methods, a legacy
 autograd Function called as ``Fn()(x)``, ``Variable(x, volatile=True)``, ``type(x) ==
 Variable`` (through ``VariableMeta.__eq__``), ``x[0]`` / ``x[-1]`` of a 0-dim tensor (a handler
-of ``Tensor.__getitem__``, whose one wrapper the registry shares with the ``index`` patch)
-the
-``size_average=``/``reduce=`` loss arguments (mapped without the warning) and
-``backward(retain_variables=)`` (0.2's name for ``retain_graph``, removed in 0.4). Every changed call
-is recorded with its modern spelling, which ``safetorch check --fix`` writes.
+of ``Tensor.__getitem__``, whose one wrapper the registry shares with the ``index`` patch),
+the ``size_average=``/``reduce=`` loss arguments (mapped without the warning) and
+``backward(retain_variables=)`` (0.2's name for ``retain_graph``, removed in 0.4). Every
+changed call is recorded with its modern spelling, which ``safetorch check --fix`` writes.
 
 While the patch is on, a child made by ``os.fork()`` (``torch.multiprocessing``'s default on
 Linux: Hogwild training, fork-started workers) runs with one intra-op thread, torch's own
@@ -467,7 +466,3 @@ PATCH = declare(
         on_disable=_on_disable,
     )
 )
-
-# Patches that st.patch() / st.patched() with no names leave off (they change what legacy
-# code computes, so a user asks for them by name or with "all"); `safetorch run` turns them on.
-OPT_IN = (_NAME,)

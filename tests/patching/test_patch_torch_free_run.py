@@ -121,7 +121,7 @@ def test_declaration_order_does_not_depend_on_which_module_is_imported_first(
         import safetorch.patching._index  # a declaration first: it imports the registry
         from safetorch.patching import _activation, _legacy, _registry
         print([p.name for p in _registry.declared()] == list(_activation.ORDER))
-        print(tuple(_legacy.OPT_IN) == _activation.OPT_IN)
+        print(_activation.OPT_IN == (_legacy.PATCH.name,))  # the one opt-in patch is legacy
         """
     )
     proc = _run(["-c", code], tmp_path)
