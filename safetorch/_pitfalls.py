@@ -217,7 +217,8 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "legacy-api",
         "Removed and changed APIs in legacy code",
         "torch._six, torch.solve/lstsq/eig/symeig/matrix_rank, legacy autograd Functions, "
-        "volatile=True, loss.data[0], size_average=/reduce=, backward(retain_variables=), checkpoints of torch < 0.4, "
+        "volatile=True, loss.data[0], size_average=/reduce=, backward(retain_variables=), "
+        "a BCELoss target of another shape, checkpoints of torch < 0.4, "
         "0.3's truncating integer / and contiguous element-wise results fail or change "
         "meaning on new torch; a fork child after OpenMP hangs",
         ("st.legacy", "st.load_state_dict"),

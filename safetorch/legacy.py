@@ -15,7 +15,8 @@ had each API (``torch/_torch_docs.py`` of the 1.x series for ``solve``, ``eig``,
 ``symeig``; ``aten/src/ATen/native/LinearAlgebra.cpp`` for ``matrix_rank``; ``torch/_six.py``
 of 1.5; 0.3's one-element tensors and ``python_variable_indexing.cpp`` of 0.4 for indexing a
 0-dim tensor; ``torch/autograd/variable.py`` of 0.3 for ``Variable``;
-``torch/nn/_reduction.py`` for ``size_average``/``reduce``).
+``torch/nn/_reduction.py`` for ``size_average``/``reduce``; ``torch/nn/functional.py`` of
+0.3-1.6 and THNN's ``BCECriterion`` for a ``binary_cross_entropy`` target of another shape).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ __all__ = [
     "is_variable_type",
     "zero_dim_index",
     "reduction",
+    "binary_cross_entropy",
     "LegacyScalar",
     "legacy_scalar",
     "div",
@@ -777,3 +779,90 @@ def reduction(size_average: Optional[bool] = None, reduce: Optional[bool] = None
     if size_average and reduce:
         return "mean"
     return "sum" if reduce else "none"
+
+
+# --- binary_cross_entropy: a target of input's size in another shape -------------------------
+# torch's function, bound before any patch wraps it (the patch's handler calls this module).
+_F_bce: Any = getattr(
+    torch.nn.functional.binary_cross_entropy,
+    "__wrapped__",
+    torch.nn.functional.binary_cross_entropy,
+)
+
+
+def bce_legacy_operands(
+    input: Any, target: Any, weight: Any
+) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """``(target, weight)`` in ``input``'s shape, paired element by element as torch 0.2-1.6
+    paired them, where the target has ``input``'s number of elements in another shape;
+    ``None`` where torch's own call decides (same shape, another size, not tensors)."""
+    if not (isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)):
+        return None
+    if target.shape == input.shape or target.numel() != input.numel():
+        return None
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor):
+            return None
+        # 0.3-1.6: weight.expand(_infer_size(target.size(), weight.size())), then element by
+        # element with the input, as the target
+        try:
+            weight = weight.expand(torch.broadcast_shapes(target.shape, weight.shape))
+        except RuntimeError:
+            return None
+        if weight.numel() != input.numel():
+            return None
+        weight = weight.reshape(input.shape)
+    return target.reshape(input.shape), weight
+
+
+def binary_cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    size_average: Optional[bool] = None,
+    reduce: Optional[bool] = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """``F.binary_cross_entropy`` (``nn.BCELoss``) as torch 0.2-1.6 computed it for a target
+    of another shape: element by element, in order.
+
+    A discriminator's ``(N,)`` output (``.view(-1)``, ``.squeeze()``) against a target built
+    as ``torch.ones(N, 1)`` had the input's number of elements in another shape: torch 0.2
+    warned that this "is deprecated" and paired the elements in order (THNN's
+    ``BCECriterion`` iterated both tensors element by element; a ``weight`` was first
+    expanded to the target's shape), and from torch 1.7 (pytorch#41426) it raises
+    ``ValueError``. Here such a target (and weight) is reshaped to ``input``'s shape, which
+    gives that result, its gradient, and with ``reduction="none"`` the input's shape, as
+    before. A :class:`~safetorch.errors.PatchWarning` names each call site once. Every other
+    call is torch's own: the same shape, and a target of another number of elements (torch's
+    error). The modern spelling is ``target.view_as(input)``.
+
+    Args:
+        input: Probabilities.
+        target: Labels, of ``input``'s shape or its number of elements.
+        weight: Optional rescaling weight, broadcast against the target's shape.
+        size_average: Legacy reduction argument (torch's own handling).
+        reduce: Legacy reduction argument (torch's own handling).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    Returns:
+        The loss.
+
+    Raises:
+        ValueError: The target's number of elements differs from the input's (torch's error).
+
+    >>> import torch, warnings, safetorch as st
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     st.legacy.binary_cross_entropy(torch.full((2,), 0.5), torch.ones(2, 1), reduction="sum")
+    tensor(1.3863)
+    """
+    operands = bce_legacy_operands(input, target, weight)
+    if operands is not None:
+        _warn_once_per_line(
+            f"binary_cross_entropy of a target of size {tuple(target.shape)} against an input "
+            f"of size {tuple(input.shape)} pairs their elements in order, as torch 0.2-1.6 did "
+            "(an error from torch 1.7); write target.view_as(input)"
+        )
+        target, weight = operands
+    return _F_bce(input, target, weight, size_average, reduce, reduction)

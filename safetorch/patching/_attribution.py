@@ -220,6 +220,14 @@ def called_from_project() -> bool:
     return filename is not None and project_file(filename)
 
 
+def called_through_torch_from_project() -> bool:
+    """:func:`called_from_project`, with torch's own frames skipped as well: for a torch
+    function that torch's modules call on their caller's behalf (``nn.BCELoss.forward``
+    calling ``F.binary_cross_entropy``), the module's caller decides."""
+    frame = first_frame_outside(sys._getframe(1), (*SKIP_ALWAYS, TORCH_DIR))[0]
+    return frame is not None and project_file(frame.f_code.co_filename)
+
+
 def called_from_03_project() -> bool:
     """:func:`called_from_project`, in a project that holds 0.3-era code (for the shims that
     change a result: what a modern script computes never changes under ``safetorch run``)."""

@@ -6,8 +6,10 @@ patch is on), ``torch.solve/lstsq/eig/symeig/matrix_rank`` and their Tensor meth
 autograd Function called as ``Fn()(x)``, ``Variable(x, volatile=True)``, ``type(x) ==
 Variable`` (through ``VariableMeta.__eq__``), ``x[0]`` / ``x[-1]`` of a 0-dim tensor (a handler
 of ``Tensor.__getitem__``, whose one wrapper the registry shares with the ``index`` patch),
-the ``size_average=``/``reduce=`` loss arguments (mapped without the warning) and
-``backward(retain_variables=)`` (0.2's name for ``retain_graph``, removed in 0.4). Every
+the ``size_average=``/``reduce=`` loss arguments (mapped without the warning),
+``backward(retain_variables=)`` (0.2's name for ``retain_graph``, removed in 0.4) and a
+``binary_cross_entropy`` / ``nn.BCELoss`` target of the input's number of elements in another
+shape (paired element by element up to 1.6, an error from 1.7: project code only). Every
 changed call is recorded with its modern spelling, which ``safetorch check --fix`` writes.
 
 While the patch is on, a child made by ``os.fork()`` (``torch.multiprocessing``'s default on
@@ -34,7 +36,11 @@ from safetorch import legacy as _impl
 # _index as a module, not its name: importing _index first imports the registry, which
 # imports this declaration while _index is half-initialised (test_patch_torch_free_run)
 from safetorch.patching import _attribution, _index
-from safetorch.patching._attribution import called_from_03_project, called_from_project
+from safetorch.patching._attribution import (
+    called_from_03_project,
+    called_from_project,
+    called_through_torch_from_project,
+)
 from safetorch.patching._registry import Patch, Target, declare
 from safetorch.patching._report import call_site, record
 from safetorch.patching._routing import WrapperFn
@@ -64,6 +70,7 @@ _needed: Dict[str, bool] = dict.fromkeys(
         *("solve", "lstsq", "eig", "matrix_rank", "function", "volatile", "variable_type"),
         *("index", "reduction", "scalar_key", "numpy_scalar", "int_division", "view"),
         "retain_variables",
+        "bce_target_size",
     ),
     True,
 )
@@ -313,6 +320,40 @@ def _backward(position: int) -> WrapperFn:
     return wrapper
 
 
+# --- binary_cross_entropy: a target of input's size in another shape ------------------------
+_BCE_SIZE_ERROR = "that is different to the input size"
+
+
+def _bce_operands(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any, Any]:
+    """``input``, ``target``, ``weight`` of a ``binary_cross_entropy`` call."""
+    named = dict(zip(("input", "target", "weight"), args))
+    for name in ("input", "target", "weight"):
+        if name in kwargs:
+            named[name] = kwargs[name]
+    return named.get("input"), named.get("target"), named.get("weight")
+
+
+def _binary_cross_entropy(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict) -> Any:
+    # nn.BCELoss.forward calls F.binary_cross_entropy: torch's frames are skipped to find the
+    # caller, so the module called from the project's code counts as the project's call.
+    try:
+        return wrapped(*args, **kwargs)
+    except ValueError as error:
+        if (
+            _BCE_SIZE_ERROR not in str(error)
+            or not _needed["bce_target_size"]
+            or _impl.bce_legacy_operands(*_bce_operands(args, kwargs)) is None
+            or not called_through_torch_from_project()
+        ):
+            raise
+    _record(
+        "binary_cross_entropy / BCELoss of a target of input's size in another shape "
+        "(0.2-1.6: element by element) -> target.view_as(input)",
+        "st.legacy.binary_cross_entropy",
+    )
+    return _impl.binary_cross_entropy(*args, **kwargs)
+
+
 # --- torch._six: a module, installed while the patch is on -----------------------------------
 class _SixModule(type(sys)):  # type: ignore[misc]  # type(sys) is ModuleType, a valid base mypy cannot see through type()
     """``torch._six`` whose attribute reads are recorded with their modern spelling."""
@@ -461,6 +502,7 @@ PATCH = declare(
             ),
             Target("torch", "Tensor.numpy", _numpy, attribute_warnings=False),
             Target("torch", "Tensor.view", _view, attribute_warnings=False),
+            Target("torch.nn.functional", "binary_cross_entropy", _binary_cross_entropy),
         ),
         on_enable=_on_enable,
         on_disable=_on_disable,

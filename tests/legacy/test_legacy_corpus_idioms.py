@@ -5,8 +5,15 @@ patch (what ``safetorch run`` does) and as ``safetorch check --fix`` rewrites it
 
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
+import sysconfig
 import textwrap
-from typing import Any, Dict, List
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -16,7 +23,10 @@ from hypothesis import strategies as hst
 import safetorch as st
 from safetorch.check import check_source
 from safetorch.errors import PatchWarning
+from safetorch.patching import _report
 from tests._check_project import run_fixed
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 # A Jacobian filled one row per backward pass through the same graph, as 0.2-era tutorials
 # wrote it: the first pass keeps the graph for the second.
@@ -154,3 +164,178 @@ def test_flatten_first_is_what_either_era_read(rows: List[List[float]], three_d:
     # a 3-D one ((N, 1, L)[0][0] under 0.1 was a row, never a dict key)
     old = dropped[0][0] if three_d else kept[0][0]
     assert dropped.flatten()[0].item() == old.item()
+
+
+# --- a BCELoss target of the input's size in another shape ----------------------------------
+# Element by element, in order, as torch 0.2-1.6 computed it (THNN's BCECriterion walked both
+# tensors' elements; a weight was first expanded to the target's shape): the reference,
+# written out from the formula rather than through the shim's own reshape.
+def _bce_in_order(
+    x: torch.Tensor, t: torch.Tensor, w: Optional[torch.Tensor], reduction: str
+) -> torch.Tensor:
+    flat_t = t.reshape(-1)
+    per = -(
+        flat_t * torch.clamp(torch.log(x.reshape(-1)), min=-100)
+        + (1 - flat_t) * torch.clamp(torch.log(1 - x.reshape(-1)), min=-100)
+    )
+    if w is not None:
+        per = per * w.expand(torch.broadcast_shapes(t.shape, w.shape)).reshape(-1)
+    if reduction == "none":
+        return per.reshape(x.shape)
+    return per.sum() if reduction == "sum" else per.mean()
+
+
+def _arrangements(n: int, m: int) -> List[Tuple[int, ...]]:
+    """Shapes of ``n * m`` elements, as loss inputs and targets come."""
+    shapes = [(n * m,), (n * m, 1), (1, n * m), (n, m), (m, n), (n, m, 1), (n, 1, m)]
+    return [*shapes, ()] if n * m == 1 else shapes
+
+
+def _raised(fn: Any) -> Any:
+    try:
+        return fn()
+    except (ValueError, RuntimeError) as error:
+        return error
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hst.integers(1, 4),
+    hst.integers(1, 3),
+    hst.data(),
+    hst.sampled_from(["mean", "sum", "none"]),
+    hst.sampled_from(["none", "one", "target", "last", "input", "other size"]),
+    hst.booleans(),
+)
+def test_bce_target_of_another_shape_pairs_in_order_as_before(
+    n: int, m: int, data: Any, reduction: str, weighting: str, module: bool
+) -> None:
+    """Plain torch and the patch side by side: the same shape is torch's own result; another
+    shape of the same size raised and now gives the in-order result (loss and gradient);
+    another size, or a weight that does not fit, is torch's own error."""
+    shape_x = data.draw(hst.sampled_from(_arrangements(n, m)), "input")
+    shape_t = data.draw(hst.sampled_from(_arrangements(n, m) + [(n * m + 1, 1)]), "target")
+    gen = torch.Generator().manual_seed(n * 7 + m)
+    x = (torch.rand(shape_x, generator=gen) * 0.9 + 0.05).requires_grad_()
+    t = torch.randint(0, 2, shape_t, generator=gen).float()
+    w = {
+        "none": None,
+        "one": torch.tensor([1.5]),
+        "target": torch.rand(shape_t, generator=gen) + 0.5,
+        "last": torch.rand(shape_t[-1:], generator=gen) + 0.5,
+        "input": torch.rand(shape_x, generator=gen) + 0.5,
+        "other size": torch.rand(3, 5, generator=gen),
+    }[weighting]
+
+    def loss() -> torch.Tensor:
+        if module:
+            return torch.nn.BCELoss(weight=w, reduction=reduction)(x, t)
+        return torch.nn.functional.binary_cross_entropy(x, t, w, reduction=reduction)
+
+    plain = _raised(loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)
+        with st.patched("legacy"):
+            patched = _raised(loss)
+    if not isinstance(plain, Exception):
+        assert torch.equal(patched, plain)  # same shapes (and a fitting weight): torch's own
+        return
+    reference = _raised(lambda: _bce_in_order(x, t, w, reduction))
+    in_order = t.numel() == x.numel() and not isinstance(reference, Exception)
+    if w is not None and in_order:
+        in_order = torch.broadcast_shapes(t.shape, w.shape).numel() == x.numel()
+    if not in_order:  # another size, or a weight 0.2-1.6 could not pair: torch's error
+        assert type(patched) is type(plain) and str(patched) == str(plain)
+        return
+    assert isinstance(plain, ValueError) and "target size" in str(plain)
+    torch.testing.assert_close(patched, reference)
+    assert patched.shape == reference.shape  # reduction="none": the input's shape
+    (grad,) = torch.autograd.grad(patched.sum(), x)
+    (expected,) = torch.autograd.grad(reference.sum(), x)
+    torch.testing.assert_close(grad, expected)
+
+
+def test_bce_shim_is_for_project_code_warns_once_per_line_and_is_reported() -> None:
+    x = torch.full((3,), 0.25)
+    t = torch.ones(3, 1)
+    lib_file = os.path.join(sysconfig.get_paths()["purelib"], "_st_fake_gan_lib.py")
+    library = compile("result = torch.nn.BCELoss()(x, t)", lib_file, "exec")
+    _report.reset_counts()
+    with st.patched("legacy"):
+        with pytest.raises(ValueError, match="target size"):
+            exec(library, {"torch": torch, "x": x, "t": t})  # an installed library: torch's
+        with pytest.warns(PatchWarning, match="view_as") as caught:
+            for _ in range(3):
+                loss = torch.nn.BCELoss()(x, t)  # one line, three calls: one warning
+        kinds = [e.kind for e in _report.entries() if "view_as" in e.kind]
+    assert len([w for w in caught if issubclass(w.category, PatchWarning)]) == 1
+    assert loss.item() == pytest.approx(-math.log(0.25))
+    assert len(kinds) == 1 and "test_legacy_corpus_idioms.py" in kinds[0], kinds
+    _report.reset_counts()
+
+
+# A 1-D GAN in the style of 2017-2018 tutorials, in our own words: the discriminator's
+# (N, 1) output squeezed to (N,), its labels built as (N, 1) ones and zeros.
+TINY_GAN = """
+    import torch
+    import torch.nn as nn
+    from torch.autograd import Variable
+
+    torch.manual_seed(3)
+    batch = 8
+    gen = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+    disc = nn.Sequential(nn.Linear(1, 8), nn.ReLU(), nn.Linear(8, 1), nn.Sigmoid())
+    criterion = nn.BCELoss()
+    g_opt = torch.optim.SGD(gen.parameters(), lr=0.05)
+    d_opt = torch.optim.SGD(disc.parameters(), lr=0.05)
+    real_label = Variable(torch.ones(batch, 1))
+    fake_label = Variable(torch.zeros(batch, 1))
+    for step in range(3):
+        real = Variable(torch.randn(batch, 1) * 0.5 + 2.0)
+        noise = Variable(torch.randn(batch, 2))
+        d_opt.zero_grad()
+        d_real = disc(real).squeeze()
+        d_fake = disc(gen(noise).detach()).squeeze()
+        d_loss = criterion(d_real, real_label) + criterion(d_fake, fake_label)
+        d_loss.backward()
+        d_opt.step()
+        g_opt.zero_grad()
+        g_loss = criterion(disc(gen(noise)).squeeze(), real_label)
+        g_loss.backward()
+        g_opt.step()
+        print("step %d  d_loss %.6f  g_loss %.6f" % (step, d_loss.item(), g_loss.item()))
+"""
+
+
+def test_gan_with_squeezed_output_and_column_labels_runs_under_safetorch_run(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "tiny_gan.py"
+    script.write_text(textwrap.dedent(TINY_GAN))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAFETORCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+
+    def run(*prefix: str) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run(
+            [sys.executable, *prefix, str(script)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
+
+    plain = run()
+    assert plain.returncode != 0 and "ValueError: Using a target size" in plain.stderr
+    shimmed = run("-m", "safetorch", "run")
+    assert shimmed.returncode == 0, shimmed.stderr
+    lines = [line for line in shimmed.stdout.splitlines() if line.startswith("step")]
+    assert len(lines) == 3
+    # what the hand-written modern spelling (labels of the output's shape) computes
+    modern = textwrap.dedent(TINY_GAN).replace("(batch, 1))", "(batch))")
+    by_hand = subprocess.run(
+        [sys.executable, "-c", modern], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert by_hand.returncode == 0, by_hand.stderr
+    assert lines == by_hand.stdout.splitlines()
+    assert "view_as" in shimmed.stderr  # the warning, and the report's line
