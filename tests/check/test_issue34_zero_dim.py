@@ -225,3 +225,126 @@ def test_an_accumulator_started_in_a_tuple_assignment_is_followed() -> None:
     (finding,) = _findings(body)
     assert finding.fix is not None
     assert _run_fixed(body)["average"] == 1.0
+
+
+# --- in-place and scalar element-wise methods keep the shape ---------------------------------
+def test_in_place_methods_on_a_0_dim_value_keep_it_0_dim() -> None:
+    # a VAE's KL term scaled in place, a criterion's loss divided in place: .mul_/.div_
+    # return their receiver, so .data[0] of the sum is proven 0-dim and fixed to .item()
+    body = """
+        def vae_loss(recon, x, mu, logvar):
+            rec = F.binary_cross_entropy(recon, x, reduction="sum")
+            kld = torch.sum(1 + logvar - mu.pow(2) - logvar.exp()).mul_(-0.5)
+            return rec + kld
+
+        crit = nn.MSELoss()
+
+        def scaled(o, t, n):
+            loss = crit(o, t).div_(n)
+            return loss.data[0]
+
+        mu, logvar = torch.zeros(2, 3), torch.zeros(2, 3)
+        loss = vae_loss(torch.full((2, 4), 0.5), torch.ones(2, 4), mu, logvar)
+        total = loss.data[0]
+        other = scaled(torch.ones(4), torch.zeros(4), 4)
+    """
+    findings = _findings(body)
+    assert len(findings) == 2 and all(f.fix is not None for f in findings)
+    fixed = _run_fixed(body)
+    assert fixed["total"] == pytest.approx(8 * 0.6931471805599453, rel=1e-6)
+    assert fixed["other"] == pytest.approx(0.25)
+
+
+def test_scalar_operands_keep_the_shape_and_tensor_operands_broadcast() -> None:
+    body = """
+        x = torch.ones(3)
+        s = x.sum().mul(0.5).add(1).neg().abs()
+        first = s.data[0]
+        n = len(x)
+        t = torch.div(x.mean(), n)
+        second = t.data[0]
+    """
+    findings = _findings(body)
+    assert [f.fix is not None for f in findings] == [True, True]
+    fixed = _run_fixed(body)
+    assert (fixed["first"], fixed["second"]) == (2.5, pytest.approx(1 / 3))
+
+
+def test_a_reduction_times_a_tensor_of_unknown_shape_is_not_proven() -> None:
+    # loss.mul(weights) has the weights' shape: no fix (a name that says "loss" still
+    # reports, without one); a 1-D operand makes it evidently not 0-dim: quiet
+    body = """
+        def weighted(x, w):
+            s = x.sum().mul(w)
+            loss = x.sum().add(w)
+            return s.data[0], loss.data[0]
+
+        def rows(x):
+            s = x.sum().mul(torch.ones(3))
+            return s[0]
+    """
+    findings = _findings(body)
+    assert [(f.line, f.fix) for f in findings] == [(8, None)]  # loss.data[0], name only
+
+
+# --- the method form of max/min along a dim ---------------------------------------------------
+def test_the_method_form_of_max_along_a_dim_is_the_function_forms_pair() -> None:
+    # out.max(1)[1] of a model's output (not .data, dims not visible) as torch.max(out, 1)[1]
+    body = """
+        words = {0: "a", 1: "b", 2: "c"}
+
+        def decode(out):
+            pred = out.max(1)[1]
+            return words[pred[0][0]]
+
+        def decode_fn(out):
+            pred = torch.max(out, 1)[1]
+            return words[pred[0][0]]
+
+        two_d = decode(torch.tensor([[0.1, 0.7, 0.2]]))
+        three_d = decode_fn(torch.tensor([[[0.1, 0.9], [0.0, 0.0], [0.8, 0.1]]]))
+    """
+    findings = _findings(body)
+    assert [f.fix.message for f in findings if f.fix] == ["use pred.flatten()[0].item()"] * 2
+    with pytest.raises(IndexError):
+        exec(HEADER + textwrap.dedent(body), {})  # plain torch: [0][0] of a 1-D pred
+    fixed = _run_fixed(body)
+    assert (fixed["two_d"], fixed["three_d"]) == ("b", "c")
+
+
+def test_the_method_form_with_known_dims_and_keepdim() -> None:
+    body = """
+        words = {0: "a", 1: "b"}
+        out = torch.tensor([[0.2, 0.8], [0.9, 0.1]])
+        first = words[torch.max(out, 1)[1][0]]
+        second = words[out.max(1)[1][1]]
+        kept = words[out.max(1, keepdim=True)[1][0][0]]
+    """
+    findings = _findings(body)
+    assert [f.fix.message for f in findings if f.fix] == [
+        "use torch.max(out, 1)[1][0].item()",
+        "use out.max(1)[1][1].item()",
+        "use out.max(1, keepdim=True)[1][0][0].item()",
+    ]
+    fixed = _run_fixed(body)
+    assert (fixed["first"], fixed["second"], fixed["kept"]) == ("b", "a", "b")
+
+
+def test_max_of_a_numpy_array_or_of_another_tensor_is_not_a_pair() -> None:
+    body = """
+        import numpy as np
+
+        words = {0: "a", 1: "b"}
+        arr = np.zeros((2, 3, 4, 5))
+        best = arr.max(1)[1]
+        key = words[best[0][0]]
+
+        def pick(out, other):
+            both = out.max(other)[1]
+            return words[both[0][0]]
+
+        def whole(out):
+            m = out.max()
+            return words[m]
+    """
+    assert _findings(body) == []

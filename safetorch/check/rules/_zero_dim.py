@@ -35,11 +35,26 @@ _REDUCTIONS = frozenset(
 )
 
 
-# Element-wise operations: the result has the shape of the (first) input.
-_ELEMENTWISE = frozenset(
-    {"abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "neg", "clamp", "pow", "square"}
-    | {"detach", "float", "double", "half", "cpu", "cuda", "clone", "mul", "add", "sub", "div"}
-    | {"reciprocal", "log1p", "expm1", "relu", "contiguous", "to", "type", "long", "int"}
+# Element-wise operations of one tensor: the result has its shape.
+_UNARY = frozenset(
+    {"abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "neg", "square", "reciprocal"}
+    | {"detach", "float", "double", "half", "cpu", "cuda", "clone", "log1p", "expm1", "relu"}
+    | {"contiguous", "to", "type", "long", "int"}
+)
+
+# Element-wise operations with operands (``x.mul(0.5)``, ``torch.add(x, 1)``, ``x.clamp(0,
+# 1)``): the first input's shape where every operand is a number or a 0-dim tensor; a tensor
+# operand broadcasts (``loss.mul(weights)`` has the weights' shape).
+_BINARY = frozenset({"mul", "add", "sub", "div", "pow", "clamp"})
+
+_ELEMENTWISE = _UNARY | _BINARY
+
+# In-place methods return their receiver, whose shape they never change (an operand that
+# would broadcast it raises): ``torch.sum(x).mul_(-0.5)`` is as 0-dim as the sum.
+_IN_PLACE = frozenset(
+    {"mul_", "add_", "sub_", "div_", "pow_", "clamp_", "clamp_min_", "clamp_max_", "neg_"}
+    | {"abs_", "exp_", "log_", "sqrt_", "rsqrt_", "sigmoid_", "tanh_", "square_", "relu_"}
+    | {"reciprocal_", "log1p_", "expm1_", "zero_", "fill_", "detach_", "requires_grad_"}
 )
 
 
@@ -50,6 +65,7 @@ _PAIR_METHODS = frozenset({"max", "min", "median", "mode", "kthvalue", "topk", "
 # Methods whose result is a tensor when called on one (the 1-D-index rule's evidence).
 _TENSOR_METHODS = (
     _ELEMENTWISE
+    | _IN_PLACE
     | _REDUCTIONS
     | _PAIR_METHODS
     | frozenset(
@@ -500,22 +516,68 @@ class ZeroDim:
         return None
 
     def _pair_ndim(self, call: ast.AST, at: Pos, scope: ast.AST, depth: int) -> Optional[int]:
-        """Dimensions of each tensor of ``x.max(0)``, ``x.topk(k)``, ``x.sort()``."""
+        """Dimensions of each tensor of ``x.max(0)``, ``x.topk(k)``, ``x.sort()``, and of the
+        function forms ``torch.max(x, 0)``, ``torch.topk(x, k)``, ``torch.sort(x)``."""
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
             return None
-        method = call.func.attr
-        if method not in _PAIR_METHODS or self.ctx.qualname(call.func):
+        qual = self.ctx.qualname(call.func)
+        if qual is None:
+            method, receiver, rest = call.func.attr, call.func.value, call.args
+        elif qual.startswith("torch.") and qual.count(".") == 1 and call.args:
+            method, receiver, rest = qual[len("torch.") :], call.args[0], call.args[1:]
+        else:
             return None
-        base = self.ndim(call.func.value, at, scope, depth)
+        if method not in _PAIR_METHODS:
+            return None
+        base = self.ndim(receiver, at, scope, depth)
         if base is None:
             return None
         if method in ("topk", "sort"):
             return base
+        if rest and int_constant(rest[0]) is None and not self.is_number(rest[0], at, scope):
+            return None  # x.max(y) of a tensor y: the element-wise maximum, not a pair
         keep = find_keyword(call, "keepdim")
         if keep is not None and not is_const(keep.value, False):
             return base if is_const(keep.value, True) else None
-        has_dim = bool(call.args) or find_keyword(call, "dim") is not None
+        has_dim = bool(rest) or find_keyword(call, "dim") is not None
         return base - 1 if has_dim and base >= 1 else None
+
+    def _method_pair(self, call: ast.Call, at: Pos, scope: ast.AST) -> bool:
+        """``x.max(1)``, ``x.min(dim=0)``, ``x.sort()``, ``x.topk(k)`` of a value whose
+        producer is not visible (a parameter, a model's output): torch's (values, indices)
+        pair, as ``torch.max(x, 1)`` is. NumPy spells the dim ``axis=``, its ``sort`` sorts
+        in place and returns None and it has no ``topk``; an array whose producer is visible
+        (``np.zeros(...)``, ``x.numpy()``, a list) is not taken for a tensor."""
+        func = call.func
+        if not isinstance(func, ast.Attribute) or self.ctx.qualname(func):
+            return False
+        if func.attr in ("max", "min"):
+            if not self._dim_given(call, call.args, at, scope):
+                return False  # x.max(): one value; x.max(y): the element-wise maximum
+        elif func.attr not in _PAIR_METHODS:
+            return False
+        return not self._evidently_not_tensor(func.value, at, scope)
+
+    def _evidently_not_tensor(self, expr: ast.AST, at: Pos, scope: ast.AST) -> bool:
+        """A value (through names) the code made with NumPy, pandas, ``.numpy()``/``.tolist()``
+        or a Python literal."""
+        for _ in range(8):
+            if not isinstance(expr, ast.Name):
+                break
+            found = self.binding(expr.id, at, scope)
+            if found is None:
+                return False
+            expr, at, scope = found
+        if isinstance(expr, (ast.List, ast.Tuple, ast.Dict, ast.Set, ast.Constant)):
+            return True
+        if isinstance(expr, (ast.ListComp, ast.DictComp, ast.SetComp)):
+            return True
+        if not isinstance(expr, ast.Call):
+            return False
+        root = (self.ctx.qualname(expr.func) or "").split(".", 1)[0]
+        if root in ("numpy", "pandas", "scipy"):
+            return True
+        return isinstance(expr.func, ast.Attribute) and expr.func.attr in ("numpy", "tolist")
 
     def dim_reduction_pair(self, expr: ast.AST, at: Pos, scope: ast.AST) -> bool:
         """``expr`` (through ``.data`` and names) is the values or indices of ``max``/``min``
@@ -545,8 +607,16 @@ class ZeroDim:
         keep = find_keyword(call, "keepdim")
         if keep is not None and not is_const(keep.value, False):
             return False
-        dim_args = call.args[1:] if qual else call.args
-        return bool(dim_args) or find_keyword(call, "dim") is not None
+        return self._dim_given(call, call.args[1:] if qual else call.args, at, scope)
+
+    def _dim_given(self, call: ast.Call, rest: Sequence[ast.AST], at: Pos, scope: ast.AST) -> bool:
+        """``max``/``min`` told a dim (``dim=``, or a number after the input): a pair. A tensor
+        there (``x.max(y)``) asks for the element-wise maximum."""
+        if find_keyword(call, "dim") is not None:
+            return True
+        return bool(rest) and (
+            int_constant(rest[0]) is not None or self.is_number(rest[0], at, scope)
+        )
 
     def _call_ndim(self, call: ast.Call, at: Pos, scope: ast.AST, depth: int) -> Optional[int]:
         func = call.func
@@ -576,8 +646,10 @@ class ZeroDim:
             return 1
         if method in ("unsqueeze",) and base is not None:
             return base + 1
-        if method in _ELEMENTWISE or method in ("multinomial", "t"):
+        if method in _UNARY or method in _IN_PLACE or method in ("multinomial", "t"):
             return base
+        if method in _BINARY:
+            return self._broadcast_ndim(base, _operands(call, call.args), at, scope, depth)
         if method in _REDUCTIONS:
             has_dim = bool(call.args) if method != "norm" else len(call.args) > 1
             has_dim = has_dim or _dim_keyword(call)
@@ -590,6 +662,19 @@ class ZeroDim:
                 return base if is_const(keep.value, True) else None
             return base - 1 if base >= 1 else None
         return None
+
+    def _broadcast_ndim(
+        self, base: Optional[int], operands: Sequence[ast.AST], at: Pos, scope: ast.AST, depth: int
+    ) -> Optional[int]:
+        """Dimensions of an element-wise result of a tensor of ``base`` dims and operands."""
+        for operand in operands:
+            if base is None:
+                return None
+            if isinstance(operand, ast.Constant) or self.is_number(operand, at, scope):
+                continue
+            other = self.ndim(operand, at, scope, depth)
+            base = None if other is None else max(base, other)
+        return base
 
     def same_shape_since_0_1(self, expr: ast.AST, at: Pos, scope: ast.AST) -> bool:
         """Whether integer indexing ``expr`` reaches a tensor whose shape no torch release
@@ -634,7 +719,10 @@ class ZeroDim:
                 isinstance(call, ast.Call)
                 and isinstance(call.func, ast.Attribute)
                 and call.func.attr in _PAIR_METHODS
-                and self.is_tensor(call.func.value, at, scope, depth)
+                and (
+                    self.is_tensor(call.func.value, at, scope, depth)
+                    or self._method_pair(call, at, scope)
+                )
             )
         if isinstance(expr, ast.Subscript):
             return self.is_tensor(expr.value, at, scope, depth)
@@ -643,11 +731,10 @@ class ZeroDim:
             if qual.startswith("torch.") and qual.count(".") == 1:
                 return qual[len("torch.") :] in _REDUCTIONS | _PAIR_METHODS | {"multinomial"}
             func = expr.func
-            return (
-                isinstance(func, ast.Attribute)
-                and not qual
-                and func.attr in _TENSOR_METHODS
-                and self.is_tensor(func.value, at, scope, depth)
+            if not isinstance(func, ast.Attribute) or qual or func.attr not in _TENSOR_METHODS:
+                return False
+            return self.is_tensor(func.value, at, scope, depth) or self._method_pair(
+                expr, at, scope
             )
         return False
 
@@ -731,6 +818,28 @@ class ZeroDim:
             return self._call(expr, at, scope, depth)
         return None
 
+    def _with_operands(
+        self,
+        first: Optional[bool],
+        operands: Sequence[ast.AST],
+        at: Pos,
+        scope: ast.AST,
+        depth: int,
+    ) -> Optional[bool]:
+        """Whether an element-wise result is 0-dim: its first input is, and every operand is
+        a number or a 0-dim tensor (a tensor operand broadcasts the result to its shape)."""
+        if first is False:
+            return False
+        for operand in operands:
+            if isinstance(operand, ast.Constant) or self.is_number(operand, at, scope):
+                continue
+            n = self.ndim(operand, at, scope, depth)
+            if n is not None and n > 0:
+                return False
+            if n != 0 and self.decide(operand, at, scope, depth) is not True:
+                return None
+        return first
+
     def _item(self, item: Unpacked, at: Pos, scope: ast.AST, depth: int) -> Optional[bool]:
         """``a, b = f(...)`` with ``f`` a function of the file returning tuples."""
         call = item.value
@@ -773,7 +882,12 @@ class ZeroDim:
                     return False if name != "norm" or len(call.args) > 2 else None
                 return True
             if name in _ELEMENTWISE and call.args:
-                return self.decide(call.args[0], at, scope, depth)
+                first = self.decide(call.args[0], at, scope, depth)
+                if name in _BINARY:
+                    return self._with_operands(
+                        first, _operands(call, call.args[1:]), at, scope, depth
+                    )
+                return first
             return None
         if qual.startswith(NN) and qual.endswith("Loss"):
             return None  # the constructor itself
@@ -789,13 +903,22 @@ class ZeroDim:
                 if _dim_keyword(call) or positional > 0:
                     return False
                 return True
-            if attr in _ELEMENTWISE and self_attr(func) is None:
+            if (attr in _UNARY or attr in _IN_PLACE) and self_attr(func) is None:
                 return self.decide(func.value, at, scope, depth)
+            if attr in _BINARY and self_attr(func) is None:
+                first = self.decide(func.value, at, scope, depth)
+                return self._with_operands(first, _operands(call, call.args), at, scope, depth)
         loss = self._is_loss_module(func, at, scope, depth)
         if loss is None and isinstance(func, ast.Name) and not qual:
             if self.binding(func.id, at, scope) is None:
                 return self._returns(func.id, depth)
         return loss
+
+
+def _operands(call: ast.Call, positional: Sequence[ast.expr]) -> List[ast.expr]:
+    """The operands of an element-wise call: ``positional`` and its keyword values but
+    ``out=`` (a tensor written into, resized to the result)."""
+    return [*positional, *(k.value for k in call.keywords if k.arg not in (None, "out"))]
 
 
 def _named(expr: ast.AST, table: Tuple[Set[str], Set[str]]) -> bool:

@@ -36,8 +36,11 @@ class ZeroDimIndex(Rule):
     (``F.mse_loss(...)``, ``criterion(...)`` with ``criterion = nn.CrossEntropyLoss()``,
     unless ``reduction="none"``), arithmetic of such values with each other and with Python
     numbers (``(a + b).data[0]``, ``len(data) * loss.data``), element-wise functions of
-    them (``torch.abs(d)``), indexing with one 0-dim tensor or int per dimension
-    (``t[i0, i1]``, ``v.view(-1).max(0)[1]``), following names to their assignment in the
+    them (``torch.abs(d)``; ``x.mul(0.5)`` and the other operations with operands only where
+    every operand is a number or 0-dim, since a tensor operand broadcasts), in-place methods,
+    which return their receiver (``torch.sum(x).mul_(-0.5)``, ``crit(o, t).div_(n)``),
+    indexing with one 0-dim tensor or int per dimension (``t[i0, i1]``,
+    ``v.view(-1).max(0)[1]``), following names to their assignment in the
     same function, the file's own functions to their ``return`` values (``loss =
     loss_function(...)``, ``out, loss = train(...)``), parameters to what every call site
     passes (a ``criterion`` parameter too: ``train(model, nn.MSELoss())``,
@@ -61,6 +64,9 @@ class ZeroDimIndex(Rule):
     ``topk``/``sort``, which no release changed; ``pred[0][0]`` of ``max``/``min`` along a
     dim, as a dict key, of unknown dimensions becomes ``pred.flatten()[0].item()`` (the first
     element, what ``[0][0]`` read both where 0.1 kept the dim and where 0.2-0.3 dropped it).
+    The method form is the function's: ``out.max(1)[1]`` as ``torch.max(out, 1)[1]``, also
+    of a value whose producer is not visible (a model's output), unless it is evidently a
+    NumPy array or a list; ``max(y)`` of a tensor ``y`` (the element-wise maximum) is no pair.
 
         running_loss += loss.data[0]   ->  running_loss += loss.item()
         print(loss.data.numpy()[0])    ->  print(loss.item())
