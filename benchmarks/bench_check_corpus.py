@@ -20,6 +20,10 @@ Usage::
     python benchmarks/bench_check_corpus.py --corpus /tmp/corpus \\
         [--torchfix /tmp/tfx/bin/torchfix] [--ruff .venv/bin/ruff] [--jobs 1]
     python benchmarks/bench_check_corpus.py --corpus /tmp/corpus --findings before.json
+
+Unlabelled development findings are listed by place; unlabelled held-out findings only as a
+count per rule, so that whoever tunes a rule never sees held-out code through this script.
+``--list-unlabelled-heldout`` lists them too: for labellers only, who change no rule.
 """
 
 from __future__ import annotations
@@ -125,6 +129,34 @@ def score(
         else:
             per_code[code][label[0]] += 1
     return per_code, unlabelled
+
+
+def report_unlabelled(
+    unlabelled: Sequence[Key], half_of: Dict[str, str], list_heldout: bool, who: str = ""
+) -> None:
+    """List the development half's unlabelled findings; count the held-out half's per rule
+    (their places only with ``list_heldout``: held-out code is for labellers, not tuners)."""
+    if not unlabelled:
+        return
+    dev = [k for k in unlabelled if half_of[k[0]] == "dev"]
+    held = [k for k in unlabelled if half_of[k[0]] != "dev"]
+    if dev:
+        print(f"\n{len(dev)} development {who}finding(s) without a label (label them once):")
+        for key in dev:
+            print(f"- {key[0]}/{key[1]}:{key[2]} {key[3]}")
+    if held:
+        counts = Counter(k[3] for k in held)
+        per_rule = ", ".join(f"{code} {n}" for code, n in sorted(counts.items()))
+        print(f"\n{len(held)} held-out {who}finding(s) without a label: {per_rule}.")
+        if list_heldout:
+            print("Their places (--list-unlabelled-heldout, for labellers only):")
+            for key in held:
+                print(f"- {key[0]}/{key[1]}:{key[2]} {key[3]}")
+        else:
+            print(
+                "(places not shown: a labeller who changes no rule lists them with "
+                "--list-unlabelled-heldout)"
+            )
 
 
 def precision(c: Counter) -> str:
@@ -292,6 +324,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--no-timing", action="store_true", help="skip the one-file timings (faster)"
     )
+    parser.add_argument(
+        "--list-unlabelled-heldout",
+        action="store_true",
+        help="also list the places of unlabelled held-out findings (for labellers only: "
+        "whoever tunes a rule sees held-out counts, never held-out code)",
+    )
     args = parser.parse_args(argv)
 
     repos = read_tsv(DATA / "corpus.tsv")
@@ -349,10 +387,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     per_half, unlabelled = score_halves(st_keys, labels, half_of)
     print(f"`safetorch check --select ALL,PREVIEW -j {args.jobs}`, per rule, both halves:\n")
     totals = print_rule_table(per_half, groups)
-    if unlabelled:
-        print(f"\n{len(unlabelled)} finding(s) without a label (label them once):")
-        for key in unlabelled:
-            print(f"- {key[0]}/{key[1]}:{key[2]} {key[3]}")
+    report_unlabelled(unlabelled, half_of, args.list_unlabelled_heldout)
     df_keys = [(d["path"], d["line"], d["code"]) for d in df_found]
     df_half, _ = score_halves(df_keys, labels, half_of)
     df: Dict[str, Counter] = {h: Counter() for h in df_half}
@@ -391,10 +426,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"\n{tor} vs {st} (same calls): both {len(ours & theirs)}, only {st} "
                 f"{len(ours - theirs)}, only {tor} {len(theirs - ours)}."
             )
-        if tf_unlabelled:
-            print(f"\n{len(tf_unlabelled)} TorchFix finding(s) without a label:")
-            for key in tf_unlabelled:
-                print(f"- {key[0]}/{key[1]}:{key[2]} {key[3]}")
+        report_unlabelled(tf_unlabelled, half_of, args.list_unlabelled_heldout, "TorchFix ")
         tf = {h: tf_totals["-"][h] for h in ("dev", "held-out")}
         rows.append(("torchfix --select ALL -j 1", len(tf_found), tf, tf_wall, tf_cpu))
     if args.ruff:
