@@ -169,10 +169,12 @@ def save(
             _torch_save(obj, f, pickle_module, pickle_protocol, **kwargs)
         return
     legacy = not kwargs.get("_use_new_zipfile_serialization", True)
-    if _formats.is_path(f) and not legacy:
+    if _formats.is_path(f) and not legacy and not isinstance(obj, torch.nn.Module):
         # torch's own path writer first: a state dict is written exactly as torch.save writes
         # it. A pickle that needs trust stops before any of it is written, and the file is
-        # written again below through the hashing writer.
+        # written again below through the hashing writer. A whole module (its class is
+        # pickled by name: almost always a pickle that needs trust) goes there at once rather
+        # than being pickled twice; the hashing writer still hashes only what needs it.
         try:
             with _torch_internals_quiet():
                 _torch_save(obj, f, _deciding_module(_raise_needs_trust), pickle_protocol, **kwargs)

@@ -52,6 +52,32 @@ def test_a_whole_model_st_save_wrote_loads_fully(tmp_path: Path) -> None:
     assert len(_ledger_files()) == 1
 
 
+class _CountedNet(torch.nn.Module):
+    pickled = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def __getstate__(self) -> Any:
+        type(self).pickled += 1
+        return self.__dict__.copy()
+
+
+def test_a_whole_model_is_pickled_once_and_a_state_dict_loads_as_before(tmp_path: Path) -> None:
+    """A whole module goes straight to the hashing writer (no first pass through torch's path
+    writer that stops on its class): one pickling per save, and the same result."""
+    net = _CountedNet()
+    _CountedNet.pickled = 0
+    st.save(net, tmp_path / "net.pt")
+    assert _CountedNet.pickled == 1
+    _torch_refuses(tmp_path / "net.pt")
+    loaded = st.load(tmp_path / "net.pt")
+    assert isinstance(loaded, _CountedNet) and torch.equal(loaded.fc.weight, net.fc.weight)
+    st.save(net.state_dict(), tmp_path / "sd.pt")  # a state dict still gets the path writer
+    assert torch.equal(torch.load(tmp_path / "sd.pt", weights_only=True)["fc.bias"], net.fc.bias)
+
+
 # torch 2.0-2.x warn "TypedStorage is deprecated" from inside torch.load, once per process (a
 # warning raised as an error does not count as the once): the raw torch.load below tolerates it.
 @pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")

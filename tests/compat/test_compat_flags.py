@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as _st
 from packaging.version import Version
 
 from safetorch import _compat
@@ -142,3 +144,29 @@ def test_syncbn_fallback_matches_behaviour() -> None:
             out,
             torch.nn.functional.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias),
         )
+
+
+@given(
+    release=_st.lists(_st.integers(0, 300), min_size=1, max_size=4),
+    epoch=_st.sampled_from(["", "1!"]),
+    prefix=_st.sampled_from(["", "v", "V", " "]),
+    tag=_st.sampled_from(
+        ["", "a0", "b2", "rc1", ".dev20240601", ".post1", "rc1.dev3", ".post2.dev1"]
+    ),
+    local=_st.sampled_from(["", "+cpu", "+cu121", "+git1a2b3c", "+rocm6.2"]),
+)
+def test_release_of_is_packagings_release(
+    release: list, epoch: str, prefix: str, tag: str, local: str
+) -> None:
+    """TORCH_RELEASE is parsed without importing packaging: the same tuple on every form a
+    torch build's version takes (nightlies, release candidates, local build labels)."""
+    text = f"{prefix}{epoch}{'.'.join(map(str, release))}{tag}{local}"
+    assert _compat.release_of(text) == Version(text).release
+
+
+@pytest.mark.parametrize("text", ["", "nightly", "+cpu", ".2.0"])
+def test_release_of_refuses_what_is_not_a_version(text: str) -> None:
+    with pytest.raises(ValueError, match="not a PEP 440 version"):
+        _compat.release_of(text)
+    with pytest.raises(ValueError):
+        Version(text)  # packaging refuses them too
