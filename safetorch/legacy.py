@@ -7,7 +7,7 @@ Function (instance ``forward``/``backward``) raises, ``loss.data[0]`` raises an 
 ``Variable(x, volatile=True)`` silently builds a graph and ``type(h) == Variable`` is False for
 every tensor. This module is the one implementation of each old meaning, built on the modern
 API; the ``legacy`` patch family (``st.patch("legacy")``, on in ``safetorch run``) routes the
-old entry points here and ``safetorch check`` (ST017-ST022) rewrites call sites into the
+old entry points here and ``safetorch check`` (ST017-ST028) rewrites call sites into the
 modern spelling.
 
 Semantics are taken from torch's own documentation and sources of the releases that still
@@ -562,7 +562,7 @@ def legacy_function(fn: Any, *args: Any) -> Any:
 _plain = torch.Tensor
 _set_grad_enabled = torch._C._set_grad_enabled  # what torch.no_grad() calls
 _NOWRAP = torch.overrides.get_default_nowrap_functions()  # what Tensor.__torch_function__ skips
-_convert = torch._tensor._convert  # how Tensor.__torch_function__ wraps results in the subclass
+_make_subclass = torch.Tensor._make_subclass  # a detached tensor of a subclass (not a view)
 # The C getset descriptor behind ``x.data`` (torch's stubs type it as a Tensor).
 _tensor_data: Any = torch.Tensor.data
 
@@ -611,7 +611,7 @@ class VolatileTensor(torch.Tensor):
                 _set_grad_enabled(True)
         if func in _NOWRAP:
             return ret
-        return _convert(ret, cls)
+        return _as_volatile(ret)
 
     @property
     def data(self) -> torch.Tensor:
@@ -640,6 +640,20 @@ class VolatileTensor(torch.Tensor):
         return memo[id(self)]
 
 
+def _as_volatile(ret: Any) -> Any:
+    """Tensor results (also inside tuples and lists) as volatile tensors, as
+    ``Tensor.__torch_function__``'s ``_convert`` wraps them, but not as a differentiable view:
+    ``as_subclass`` returns an alias, a view whose ``detach_()`` torch refuses ("Can't detach
+    views in-place"), where the same result computed under ``torch.no_grad()`` is no view. A
+    volatile result has no history, so it is made the detached tensor it is."""
+    if isinstance(ret, _plain):
+        return ret if isinstance(ret, VolatileTensor) else _make_subclass(VolatileTensor, ret)
+    if isinstance(ret, (tuple, list)):
+        # Also namedtuples of results (torch.return_types take one iterable)
+        return type(ret)(_as_volatile(r) for r in ret)
+    return ret
+
+
 def volatile(data: torch.Tensor) -> VolatileTensor:
     """``Variable(data, volatile=True)`` as its authors meant it: no graph from here on.
 
@@ -666,7 +680,7 @@ def volatile(data: torch.Tensor) -> VolatileTensor:
     """
     if not isinstance(data, torch.Tensor):
         raise TypeError(f"volatile() expects a Tensor, got {type(data).__name__}")
-    return data.detach().as_subclass(VolatileTensor)
+    return _make_subclass(VolatileTensor, data)  # detached, sharing memory, not a view
 
 
 # --- type(x) == Variable ---------------------------------------------------------------------

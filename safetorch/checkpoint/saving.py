@@ -169,12 +169,20 @@ def save(
             _torch_save(obj, f, pickle_module, pickle_protocol, **kwargs)
         return
     legacy = not kwargs.get("_use_new_zipfile_serialization", True)
-    if _formats.is_path(f) and not legacy and not isinstance(obj, torch.nn.Module):
+    opened: Optional[IO[bytes]] = None
+    if _formats.is_path(f) and not legacy and isinstance(obj, torch.nn.Module):
+        # A whole module (its class is pickled by name: almost always a pickle that needs
+        # trust) goes straight to the hashing writer rather than being pickled twice; the
+        # writer still hashes only what needs it. A path that cannot be opened goes on to
+        # torch's path writer, which raises torch's own error for it.
+        try:
+            opened = open(f, "wb")
+        except OSError:
+            opened = None
+    if opened is None and _formats.is_path(f) and not legacy:
         # torch's own path writer first: a state dict is written exactly as torch.save writes
         # it. A pickle that needs trust stops before any of it is written, and the file is
-        # written again below through the hashing writer. A whole module (its class is
-        # pickled by name: almost always a pickle that needs trust) goes there at once rather
-        # than being pickled twice; the hashing writer still hashes only what needs it.
+        # written again below through the hashing writer.
         try:
             with _torch_internals_quiet():
                 _torch_save(obj, f, _deciding_module(_raise_needs_trust), pickle_protocol, **kwargs)
@@ -182,7 +190,7 @@ def save(
         except _NeedsTrust:
             pass
     if _formats.is_path(f):
-        with open(f, "wb") as fh:
+        with opened if opened is not None else open(f, "wb") as fh:
             entry = _save_through(obj, fh, pickle_protocol, legacy, kwargs)
     else:
         entry = _save_through(obj, f, pickle_protocol, legacy, kwargs)

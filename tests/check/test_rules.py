@@ -50,6 +50,7 @@ PUBLIC_SAFETORCH_NAMES = {
     "st.legacy.div",
     "st.legacy.div_",
     "st.legacy.view",
+    "st.legacy.binary_cross_entropy",
 }
 
 

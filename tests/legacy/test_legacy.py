@@ -219,6 +219,31 @@ def test_volatile_is_infectious_no_graph() -> None:
     torch.testing.assert_close(out.as_subclass(torch.Tensor), model(torch.ones(2, 3)).detach())
 
 
+def test_volatile_results_detach_in_place_as_no_grad_results_do() -> None:
+    """An RNN language model's evaluation: the hidden state computed from volatile batches is
+    repackaged with ``hidden.detach_()``. Computed under ``torch.no_grad()`` it is no view and
+    ``detach_()`` works; a volatile result must be the same (it was an alias view, which
+    torch refuses to detach in place)."""
+    torch.manual_seed(0)
+    emb, rnn = torch.nn.Embedding(10, 3), torch.nn.GRU(3, 4)
+    tokens = torch.tensor([[1], [2], [3]])
+    with torch.no_grad():
+        out_ref, hidden_ref = rnn(emb(tokens))
+    hidden_ref.detach_()  # plain torch, no_grad: allowed
+    out, hidden = rnn(emb(legacy.volatile(tokens)))
+    assert not hidden._is_view() and not out._is_view()
+    hidden.detach_()
+    assert hidden.volatile and hidden.grad_fn is None
+    assert torch.equal(hidden.as_subclass(torch.Tensor), hidden_ref)
+    assert torch.equal(out.as_subclass(torch.Tensor), out_ref)
+    wrapped = legacy.volatile(tokens)
+    wrapped.detach_()  # the wrapper itself is no view either, and shares the memory
+    tokens.add_(1)
+    assert torch.equal(wrapped.as_subclass(torch.Tensor), tokens)
+    values, indices = torch.max(legacy.volatile(torch.rand(2, 5)), 1)  # a return type keeps
+    assert values.volatile and indices.volatile  # its fields, each volatile
+
+
 def test_zero_dim_index_is_the_number_or_keeps_the_graph_with_a_warning_at_the_caller() -> None:
     loss = torch.tensor(1.5, requires_grad=True) * 2
     with pytest.warns(PatchWarning, match=r"item\(\)") as caught:

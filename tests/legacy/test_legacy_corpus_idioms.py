@@ -339,3 +339,52 @@ def test_gan_with_squeezed_output_and_column_labels_runs_under_safetorch_run(
     assert by_hand.returncode == 0, by_hand.stderr
     assert lines == by_hand.stdout.splitlines()
     assert "view_as" in shimmed.stderr  # the warning, and the report's line
+
+
+def test_gan_labels_fixed_by_st028_run_plain_as_under_safetorch_run(tmp_path: Path) -> None:
+    """The same GAN with the generator's score named: ``check --fix --unsafe-fixes`` (ST028)
+    reshapes each label to its input, and plain python then prints what ``safetorch run``
+    prints for the unedited script."""
+    source = textwrap.dedent(TINY_GAN).replace(
+        "g_loss = criterion(disc(gen(noise)).squeeze(), real_label)",
+        "g_out = disc(gen(noise)).squeeze()\n    g_loss = criterion(g_out, real_label)",
+    )
+    assert "g_out = " in source
+    script = tmp_path / "gan.py"
+    script.write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAFETORCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+
+    def run(*args: str) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run(
+            [sys.executable, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
+
+    assert "ValueError: Using a target size" in run(str(script)).stderr
+    shimmed = run("-m", "safetorch", "run", "--no-report", str(script))
+    assert shimmed.returncode == 0, shimmed.stderr
+    fix = run(
+        "-m",
+        "safetorch",
+        "check",
+        "--isolated",
+        "--select",
+        "ST028",
+        "--fix",
+        "--unsafe-fixes",
+        "-q",
+        "--exit-zero",
+        str(script),
+    )
+    assert fix.returncode == 0, fix.stderr
+    assert script.read_text().count(".reshape_as(") == 3
+    fixed = run(str(script))
+    assert fixed.returncode == 0, fixed.stderr
+    steps = [line for line in fixed.stdout.splitlines() if line.startswith("step")]
+    assert len(steps) == 3
+    assert steps == [line for line in shimmed.stdout.splitlines() if line.startswith("step")]

@@ -35,7 +35,11 @@ from safetorch.check.rules.legacy_0_4 import (
 )
 from safetorch.check.rules.legacy_1_x import LegacyAutogradFunction, RemovedLinalgFunction
 from safetorch.check.rules.legacy_keys import LegacyStateDictKeys
-from safetorch.check.rules.legacy_semantics import LegacyIntegerDivision, ViewOfStridedResult
+from safetorch.check.rules.legacy_semantics import (
+    LegacyBceTargetShape,
+    LegacyIntegerDivision,
+    ViewOfStridedResult,
+)
 from safetorch.check.rules.lint import BiasBeforeBatchNorm, DropoutBeforeBatchNorm, layer_flow
 from safetorch.check.rules.load import LoadWithoutMapLocation, LoadWithoutWeightsOnly, payloads
 from safetorch.check.rules.pin_memory import CustomBatchWithoutPinMemory
@@ -97,6 +101,7 @@ __all__ = [
     "LegacyIntegerDivision",
     "ViewOfStridedResult",
     "LegacyRetainVariables",
+    "LegacyBceTargetShape",
 ]
 
 #: The ``--select`` token that turns on every preview rule.
@@ -131,6 +136,7 @@ RULES: Tuple[Type[Rule], ...] = (
     LegacyIntegerDivision,
     ViewOfStridedResult,
     LegacyRetainVariables,
+    LegacyBceTargetShape,
 )
 
 

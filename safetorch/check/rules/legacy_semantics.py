@@ -1,21 +1,22 @@
 """Same spelling, another result since torch 0.3 (ST025 integer ``/``, ST026 ``.view`` of an
-element-wise result): the ``legacy`` patch's pitfall (``safetorch run`` gives 0.3's result in a
-0.3-era project); the removed APIs are in ``legacy_0_4`` and ``legacy_1_x``."""
+element-wise result, ST028 a BCE target of the input's size in another shape): the ``legacy``
+patch's pitfall (``safetorch run`` gives 0.3's result in a 0.3-era project); the removed APIs
+are in ``legacy_0_4`` and ``legacy_1_x``."""
 
 from __future__ import annotations
 
 import ast
 import os
-from typing import Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from safetorch._eras import marks_0_3
 from safetorch.check.engine import UNSAFE, Context, Fix
 from safetorch.check.fixer import parents
 from safetorch.check.rules._base import Rule
-from safetorch.check.rules._helpers import Pos, start_of
+from safetorch.check.rules._helpers import Pos, call_arg, self_attr, start_of
 from safetorch.check.rules._zero_dim import Unpacked, ZeroDim, int_constant
 
-__all__ = ["LegacyIntegerDivision", "ViewOfStridedResult"]
+__all__ = ["LegacyBceTargetShape", "LegacyIntegerDivision", "ViewOfStridedResult"]
 
 _FACTS_KEY = "ST025-era-0.3"
 
@@ -352,3 +353,204 @@ def _made_contiguous(ctx: Context, call: ast.Call) -> bool:
     """``x.transpose(0, 1).contiguous()``: the strided result is copied at once."""
     outer = parents(ctx).get(id(call))
     return isinstance(outer, ast.Attribute) and outer.attr == "contiguous"
+
+
+# Constructors whose shape is written out: a label tensor built for a BCE target.
+_SHAPED_CONSTRUCTORS = frozenset(
+    f"torch.{n}"
+    for n in (
+        "ones",
+        "zeros",
+        "full",
+        "empty",
+        "rand",
+        "Tensor",
+        "FloatTensor",
+        "DoubleTensor",
+        "HalfTensor",
+    )
+)
+# Methods that move or retype a tensor and keep its shape (followed through).
+_KEEPS_SHAPE = frozenset({"cuda", "cpu", "to", "float", "double", "half", "fill_", "detach"})
+_BCE_FUNCTION = "torch.nn.functional.binary_cross_entropy"
+_BCE_MODULE = "torch.nn.BCELoss"
+
+
+class LegacyBceTargetShape(Rule):
+    """ST028: a ``BCELoss`` / ``binary_cross_entropy`` target built with a written-out shape,
+    in 0.3-era code (torch 0.2-1.6 paired a target of the input's size in another shape
+    element by element; since torch 1.7 it is a ValueError).
+
+    2017-2019 GANs built their labels as ``torch.ones(batch, 1)`` (or ``torch.ones([1, 1])``)
+    and fed them to ``nn.BCELoss`` beside a discriminator output of shape ``(batch,)``; torch
+    then compared the two in order, and since 1.7 (pytorch/pytorch#41426) it raises "Using a
+    target size ... that is different to the input size". Reported in a 0.3-era project
+    (the evidence the ``legacy`` patch asks for) where the criterion is ``nn.BCELoss`` (called
+    at once, or through the name or ``self`` attribute it is assigned to) or
+    ``F.binary_cross_entropy``, and the target is such a constructor (through ``Variable``,
+    ``.cuda()``/``.to()``/``.fill_()``, and the name or attribute it is assigned to). A target
+    already shaped by the input (``ones_like``, ``.view_as``) is left alone.
+
+    Fix (unsafe, ``--unsafe-fixes``, only where the input is a name or attribute):
+    ``target.reshape_as(input)``: nothing where the shapes already match, and where they
+    differ the pairing old torch did (``st.legacy.binary_cross_entropy``, what ``safetorch
+    run`` does).
+
+        d_loss = criterion(d_out, Variable(torch.ones(batch, 1)))
+          ->  d_loss = criterion(d_out, Variable(torch.ones(batch, 1)).reshape_as(d_out))
+
+    safetorch: ``st.legacy.binary_cross_entropy``.
+    """
+
+    code = "ST028"
+
+    preview = True  # new: no corpus figure yet
+
+    name = "legacy-bce-target-shape"
+    uses = "st.legacy.binary_cross_entropy"
+    torch_symbols = (_BCE_FUNCTION, "torch.nn.BCELoss.forward")
+    fixable = True
+    fix_applicability = UNSAFE
+    node_types = (ast.Call,)
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._flow: Optional[ZeroDim] = None
+        self._era: Optional[bool] = None
+        self._attrs: Optional[Dict[str, List[ast.AST]]] = None
+
+    def visit(self, node: ast.Call) -> None:
+        if not self._is_bce(node.func, node):
+            return
+        source = call_arg(node, 0, "input")
+        target = call_arg(node, 1, "target")
+        if source is None or target is None:
+            return
+        if self._flow is None:
+            self._flow = ZeroDim(self.ctx)
+        at, scope = start_of(node), self._flow.scope_of(node)
+        if not self._shaped_label(target, at, scope, 0):
+            return
+        if self._era is None:
+            self._era = _is_0_3_project(self.ctx)
+        if not self._era:
+            return
+        fix = None
+        if _pure(source):
+            new = f"{self.ctx.segment(target)}.reshape_as({self.ctx.segment(source)})"
+            if not isinstance(target, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+                new = f"({self.ctx.segment(target)}).reshape_as({self.ctx.segment(source)})"
+            fix = Fix("use target.reshape_as(input)", (self.ctx.replace(target, new),), UNSAFE)
+        self.report(
+            node,
+            "a BCE label built with a written-out shape: where it is the input's size in "
+            "another shape, torch 0.2-1.6 paired them element by element and torch 1.7+ "
+            "raises (ValueError: Using a target size ...): use target.reshape_as(input), "
+            "which changes nothing where the shapes match (st.legacy.binary_cross_entropy, "
+            "what safetorch run uses)",
+            fix,
+        )
+
+    # -- the criterion ---------------------------------------------------------------------
+    def _is_bce(self, func: ast.AST, call: ast.Call) -> bool:
+        if self.ctx.qualname(func) == _BCE_FUNCTION:
+            return True
+        if isinstance(func, ast.Call):  # nn.BCELoss()(x, t)
+            return self._bce_module(func)
+        if self.ctx.qualname(func) is not None:
+            return False
+        values = self._assigned(func, call)
+        return bool(values) and all(self._bce_module(v) for v in values)
+
+    def _bce_module(self, expr: ast.AST) -> bool:
+        if isinstance(expr, ast.IfExp):  # nn.BCELoss().cuda() if cuda else nn.BCELoss()
+            return self._bce_module(expr.body) and self._bce_module(expr.orelse)
+        expr = _strip_moves(expr)
+        return isinstance(expr, ast.Call) and self.ctx.qualname(expr.func) == _BCE_MODULE
+
+    # -- the target ------------------------------------------------------------------------
+    def _shaped_label(self, expr: ast.AST, at: Pos, scope: ast.AST, depth: int) -> bool:
+        if depth > 4:
+            return False
+        expr = self._unwrap(expr)
+        if isinstance(expr, ast.Call):
+            qual = self.ctx.qualname(expr.func)
+            return qual in _SHAPED_CONSTRUCTORS and bool(expr.args)
+        if isinstance(expr, ast.Name):
+            assert self._flow is not None
+            found = self._flow.binding(expr.id, at, scope)
+            return found is not None and self._shaped_label(*found, depth + 1)
+        if self_attr(expr) is not None:
+            values = [v for v in self._attr_values(expr) if _strip_moves(v) is not None]
+            own = [v for v in values if not _same_attr(_strip_moves(v), expr)]
+            return bool(own) and all(self._shaped_label(v, at, scope, depth + 1) for v in own)
+        return False
+
+    def _unwrap(self, expr: ast.AST) -> ast.AST:
+        """``Variable(x)``, ``x.cuda()``, ``x.fill_(1)``: the tensor ``x`` they keep the shape of."""
+        while isinstance(expr, ast.Call):
+            if self.ctx.qualname(expr.func) == "torch.autograd.Variable" and expr.args:
+                expr = expr.args[0]
+            elif isinstance(expr.func, ast.Attribute) and expr.func.attr in _KEEPS_SHAPE:
+                expr = expr.func.value
+            else:
+                break
+        return expr
+
+    def _assigned(self, func: ast.AST, call: ast.Call) -> List[ast.AST]:
+        """What the criterion name or ``self`` attribute is assigned in this file."""
+        if isinstance(func, ast.Name):
+            if self._flow is None:
+                self._flow = ZeroDim(self.ctx)
+            found = self._flow.binding(func.id, start_of(call), self._flow.scope_of(call))
+            return [] if found is None else [found[0]]
+        if self_attr(func) is not None:
+            return self._attr_values(func)
+        return []
+
+    def _attr_values(self, attr: ast.AST) -> List[ast.AST]:
+        if self._attrs is None:
+            self._attrs = {}
+            for node in self.ctx.walk(self.ctx.tree):
+                if isinstance(node, ast.Assign):
+                    for target in node.targets:
+                        for key, value in _pairs(target, node.value):
+                            self._attrs.setdefault(key, []).append(value)
+        name = self_attr(attr)
+        return list(self._attrs.get(name, [])) if name is not None else []
+
+
+def _pairs(target: ast.AST, value: ast.AST) -> List[Tuple[str, ast.AST]]:
+    """``self.a, self.b = x, y``: (``a``, x), (``b``, y); a tuple target from another value
+    binds nothing we can follow."""
+    name = self_attr(target)
+    if name is not None:
+        return [(name, value)]
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+        if len(target.elts) == len(value.elts):
+            return [p for t, v in zip(target.elts, value.elts) for p in _pairs(t, v)]
+    return []
+
+
+def _strip_moves(expr: ast.AST) -> ast.AST:
+    """``nn.BCELoss().cuda()``, ``self.y.cuda()``: the expression moved."""
+    while (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Attribute)
+        and expr.func.attr in ("cuda", "cpu", "to")
+    ):
+        expr = expr.func.value
+    return expr
+
+
+def _same_attr(expr: ast.AST, attr: ast.AST) -> bool:
+    return self_attr(expr) is not None and self_attr(expr) == self_attr(attr)
+
+
+def _pure(expr: ast.AST) -> bool:
+    """A name, an attribute chain of names or a constant subscript: safe to spell twice."""
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        if isinstance(expr, ast.Subscript) and not isinstance(expr.slice, ast.Constant):
+            return False
+        expr = expr.value
+    return isinstance(expr, ast.Name)
