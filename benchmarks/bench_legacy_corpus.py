@@ -1,6 +1,6 @@
 """Real 2017-2019 scripts the project has not seen, on this torch (issue 34).
 
-Reads ``benchmarks/legacy_corpus/corpus.tsv`` (repository, commit, path, command, half) and a
+Reads ``benchmarks/legacy_corpus/corpus.tsv`` (or ``--corpus``: repository, commit, path, command, half) and a
 directory holding each repository extracted at that commit as ``owner+name/`` (this script
 fetches nothing). For every script, three legs, each in a fresh copy of its repository and
 run from the script's directory:
@@ -23,7 +23,8 @@ marker file at the first ``optimizer.step()``. ``--torchvision-0.2-normalize`` (
 labelled measurement) also makes ``transforms.Normalize`` work channel by channel as
 torchvision 0.2 did, to see what a script does past that torchvision change. Files a script reads from its
 working directory (MNIST's idx files where a script parses them itself) are written before
-the run, outside the script.
+the run, outside the script; so is ``legacy_eval_text.txt`` (seeded common English words)
+where a command names it as the text corpus to train on.
 
 Outcome rule: ``ok`` is exit status 0; a run stopped by the ``--timeout`` (default 60 s)
 counts as ``ok (timeout)`` only when at least one optimizer step completed before it, else
@@ -204,8 +205,30 @@ def _idx(path: Path, arr: np.ndarray) -> None:
         f.write(header + arr.astype(np.uint8).tobytes())
 
 
-def _setup(workdir: Path) -> None:
-    """Files a script reads from its working directory, written outside the script."""
+TEXT_FILE = "legacy_eval_text.txt"
+_WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "so no will more can who said what about out up into them then some could time these two"
+).split()
+
+
+def _text(path: Path, n_words: int = 40000) -> None:
+    """A plain-text corpus of common English words (seeded), for a script that reads one."""
+    rs = np.random.RandomState(11)
+    words = rs.choice(_WORDS, n_words)
+    lines = [" ".join(words[i : i + 12]).capitalize() + "." for i in range(0, n_words, 12)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _setup(workdir: Path, argv: Optional[List[str]] = None) -> None:
+    """Files a script reads from its working directory, written outside the script.
+
+    ``legacy_eval_text.txt`` is written wherever a command names it (a text corpus for
+    character- or word-level language models that take the corpus's path as an argument).
+    """
+    if argv and TEXT_FILE in argv:
+        _text(workdir / TEXT_FILE)
     if (workdir / "data_util.py").exists() and "yann.lecun.com" in (
         workdir / "data_util.py"
     ).read_text(errors="replace"):
@@ -339,6 +362,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--legs", default="plain,run,fixed,fixed-default")
     ap.add_argument("--tsv", type=Path, default=None)
     ap.add_argument(
+        "--corpus",
+        type=Path,
+        default=CORPUS,
+        help="the corpus TSV (default: the first batch, legacy_corpus/corpus.tsv; the second "
+        "batch is legacy_corpus/corpus2.tsv)",
+    )
+    ap.add_argument(
         "--torchvision-0.2-normalize",
         dest="tv02_normalize",
         action="store_true",
@@ -364,7 +394,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     legs = args.legs.split(",")
     only = {x for x in args.only.split(",") if x}
 
-    rows = [line.rstrip("\n").split("\t") for line in CORPUS.read_text().splitlines()[1:]]
+    rows = [
+        line.rstrip("\n").split("\t")
+        for line in args.corpus.read_text(encoding="utf-8").splitlines()[1:]
+    ]
     if only:
         rows = [r for r in rows if r[3] in only or Path(r[3]).name in only]
 
@@ -405,7 +438,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         work = Path(tempfile.mkdtemp(prefix="w_", dir=out))
         copy = work / "repo"
         shutil.copytree(base, copy, symlinks=True)
-        _setup(copy / Path(rel).parent)
+        _setup(copy / Path(rel).parent, argv_)
         res = _run_leg(
             args.python,
             sitedir,
