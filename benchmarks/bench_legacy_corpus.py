@@ -359,6 +359,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--train-size", type=int, default=512)
     ap.add_argument("--test-size", type=int, default=128)
     ap.add_argument("--only", default="", help="comma-separated paths (or their file names)")
+    ap.add_argument("--half", default=None, help="only the scripts of this half (dev, held-out)")
     ap.add_argument("--legs", default="plain,run,fixed,fixed-default")
     ap.add_argument("--tsv", type=Path, default=None)
     ap.add_argument(
@@ -400,6 +401,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ]
     if only:
         rows = [r for r in rows if r[3] in only or Path(r[3]).name in only]
+    if args.half:
+        rows = [r for r in rows if r[5] == args.half]
 
     fixed_trees: Dict[Tuple[str, bool], Path] = {}
     same_default: Dict[str, bool] = {}
