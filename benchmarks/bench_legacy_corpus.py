@@ -172,25 +172,28 @@ if os.environ.get("LEGACY_EVAL_TV02_NORMALIZE"):
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, after):
-        self.inner, self.after = inner, after
+    def __init__(self, inner, name):
+        self.inner, self.name = inner, name
 
     def create_module(self, spec):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        self.after(module)
+        after = _AFTER.pop(self.name, None)  # once, when the module really runs
+        if after is not None:
+            after(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    # a find_spec alone (importlib.util.find_spec("torch"), as `safetorch run` asks before
+    # importing torch) must not use the hook up: it fires when the module's code runs
     def find_spec(self, name, path, target=None):
-        after = _AFTER.pop(name, None)
-        if after is None:
+        if name not in _AFTER:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, after)
+            spec.loader = _Loader(spec.loader, name)
         return spec
 
 
