@@ -1,6 +1,6 @@
 """Real 2017-2019 scripts the project has not seen, on this torch (issue 34).
 
-Reads ``benchmarks/legacy_corpus/corpus.tsv`` (repository, commit, path, command, half) and a
+Reads ``benchmarks/legacy_corpus/corpus.tsv`` (or ``--corpus``: repository, commit, path, command, half) and a
 directory holding each repository extracted at that commit as ``owner+name/`` (this script
 fetches nothing). For every script, three legs, each in a fresh copy of its repository and
 run from the script's directory:
@@ -23,7 +23,8 @@ marker file at the first ``optimizer.step()``. ``--torchvision-0.2-normalize`` (
 labelled measurement) also makes ``transforms.Normalize`` work channel by channel as
 torchvision 0.2 did, to see what a script does past that torchvision change. Files a script reads from its
 working directory (MNIST's idx files where a script parses them itself) are written before
-the run, outside the script.
+the run, outside the script; so is ``legacy_eval_text.txt`` (seeded common English words)
+where a command names it as the text corpus to train on.
 
 Outcome rule: ``ok`` is exit status 0; a run stopped by the ``--timeout`` (default 60 s)
 counts as ``ok (timeout)`` only when at least one optimizer step completed before it, else
@@ -171,25 +172,28 @@ if os.environ.get("LEGACY_EVAL_TV02_NORMALIZE"):
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, after):
-        self.inner, self.after = inner, after
+    def __init__(self, inner, name):
+        self.inner, self.name = inner, name
 
     def create_module(self, spec):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        self.after(module)
+        after = _AFTER.pop(self.name, None)  # once, when the module really runs
+        if after is not None:
+            after(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    # a find_spec alone (importlib.util.find_spec("torch"), as `safetorch run` asks before
+    # importing torch) must not use the hook up: it fires when the module's code runs
     def find_spec(self, name, path, target=None):
-        after = _AFTER.pop(name, None)
-        if after is None:
+        if name not in _AFTER:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, after)
+            spec.loader = _Loader(spec.loader, name)
         return spec
 
 
@@ -204,8 +208,30 @@ def _idx(path: Path, arr: np.ndarray) -> None:
         f.write(header + arr.astype(np.uint8).tobytes())
 
 
-def _setup(workdir: Path) -> None:
-    """Files a script reads from its working directory, written outside the script."""
+TEXT_FILE = "legacy_eval_text.txt"
+_WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "so no will more can who said what about out up into them then some could time these two"
+).split()
+
+
+def _text(path: Path, n_words: int = 40000) -> None:
+    """A plain-text corpus of common English words (seeded), for a script that reads one."""
+    rs = np.random.RandomState(11)
+    words = rs.choice(_WORDS, n_words)
+    lines = [" ".join(words[i : i + 12]).capitalize() + "." for i in range(0, n_words, 12)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _setup(workdir: Path, argv: Optional[List[str]] = None) -> None:
+    """Files a script reads from its working directory, written outside the script.
+
+    ``legacy_eval_text.txt`` is written wherever a command names it (a text corpus for
+    character- or word-level language models that take the corpus's path as an argument).
+    """
+    if argv and TEXT_FILE in argv:
+        _text(workdir / TEXT_FILE)
     if (workdir / "data_util.py").exists() and "yann.lecun.com" in (
         workdir / "data_util.py"
     ).read_text(errors="replace"):
@@ -336,8 +362,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--train-size", type=int, default=512)
     ap.add_argument("--test-size", type=int, default=128)
     ap.add_argument("--only", default="", help="comma-separated paths (or their file names)")
+    ap.add_argument("--half", default=None, help="only the scripts of this half (dev, held-out)")
     ap.add_argument("--legs", default="plain,run,fixed,fixed-default")
     ap.add_argument("--tsv", type=Path, default=None)
+    ap.add_argument(
+        "--corpus",
+        type=Path,
+        default=CORPUS,
+        help="the corpus TSV (default: the first batch, legacy_corpus/corpus.tsv; the second "
+        "batch is legacy_corpus/corpus2.tsv)",
+    )
     ap.add_argument(
         "--torchvision-0.2-normalize",
         dest="tv02_normalize",
@@ -364,9 +398,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     legs = args.legs.split(",")
     only = {x for x in args.only.split(",") if x}
 
-    rows = [line.rstrip("\n").split("\t") for line in CORPUS.read_text().splitlines()[1:]]
+    rows = [
+        line.rstrip("\n").split("\t")
+        for line in args.corpus.read_text(encoding="utf-8").splitlines()[1:]
+    ]
     if only:
         rows = [r for r in rows if r[3] in only or Path(r[3]).name in only]
+    if args.half:
+        rows = [r for r in rows if r[5] == args.half]
 
     fixed_trees: Dict[Tuple[str, bool], Path] = {}
     same_default: Dict[str, bool] = {}
@@ -405,7 +444,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         work = Path(tempfile.mkdtemp(prefix="w_", dir=out))
         copy = work / "repo"
         shutil.copytree(base, copy, symlinks=True)
-        _setup(copy / Path(rel).parent)
+        _setup(copy / Path(rel).parent, argv_)
         res = _run_leg(
             args.python,
             sitedir,
