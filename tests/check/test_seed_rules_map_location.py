@@ -334,9 +334,14 @@ def test_a_file_each_rank_saves_for_itself_is_quiet_across_ranks(tmp_path: Path)
     # Every rank reloads the file it wrote from its own device: the ranks never meet on cuda:0.
     script = PER_RANK.replace("{device}", 'device = torch.device("cuda", args.local_rank)')
     assert _lines(tmp_path, {"pretrain.py": script}, "pretrain.py") == []
-    # The same script naming one file for all ranks is reported.
+    # The same script naming one file for all ranks is reported, and so is a name that only
+    # contains the word (a ranking, not the rank).
     shared = script.replace('"bank" + str(args.rank) + ".pth"', '"bank.pth"')
     assert _lines(tmp_path, {"pretrain.py": shared}, "pretrain.py") == [9]
+    ranking = script.replace('"bank" + str(args.rank) + ".pth"', "args.ranking_file")
+    assert _lines(tmp_path, {"pretrain.py": ranking}, "pretrain.py") == [9]
+    shard = script.replace('"bank" + str(args.rank) + ".pth"', 'f"bank{dist.get_rank()}.pth"')
+    assert _lines(tmp_path, {"pretrain.py": shard}, "pretrain.py") == []
 
 
 def test_a_per_rank_file_in_a_script_with_a_cpu_path_is_still_reported(tmp_path: Path) -> None:

@@ -457,7 +457,8 @@ def _path_values(ctx: Context, call: ast.Call) -> List[ast.AST]:
 
 
 def per_rank_file(ctx: Context, call: ast.Call) -> bool:
-    """The loaded path names the rank (``"queue" + str(args.rank) + ".pth"``): each process
+    """The loaded path names the rank (``"queue" + str(args.rank) + ".pth"``,
+    ``f"shard{dist.get_rank()}.pt"``; not ``args.ranking_file``): each process
     loads the file it saved itself, from its own device, so the ranks do not meet on one
     device."""
     for value in _path_values(ctx, call):
@@ -469,7 +470,7 @@ def per_rank_file(ctx: Context, call: ast.Call) -> bool:
                 if isinstance(node, ast.Attribute)
                 else ""
             )
-            if "rank" in name.lower():
+            if "rank" in name.lower().split("_"):  # rank, local_rank, get_rank; not ranking
                 return True
     return False
 
