@@ -315,6 +315,42 @@ def test_a_buffer_filled_in_memory_is_no_file(tmp_path: Path) -> None:
     assert _lines(tmp_path, {"state.py": script}, "state.py") == []
 
 
+PER_RANK = """
+    import os, torch
+    import torch.distributed as dist
+
+    def main(args, bank):
+        dist.init_process_group("nccl")
+        {device}
+        path = os.path.join(args.out, "bank" + str(args.rank) + ".pth")
+        if os.path.isfile(path):
+            bank = torch.load(path)["bank"]
+        bank = bank.to(device)
+        torch.save({"bank": bank}, path)
+"""
+
+
+def test_a_file_each_rank_saves_for_itself_is_quiet_across_ranks(tmp_path: Path) -> None:
+    # Every rank reloads the file it wrote from its own device: the ranks never meet on cuda:0.
+    script = PER_RANK.replace("{device}", 'device = torch.device("cuda", args.local_rank)')
+    assert _lines(tmp_path, {"pretrain.py": script}, "pretrain.py") == []
+    # The same script naming one file for all ranks is reported, and so is a name that only
+    # contains the word (a ranking, not the rank).
+    shared = script.replace('"bank" + str(args.rank) + ".pth"', '"bank.pth"')
+    assert _lines(tmp_path, {"pretrain.py": shared}, "pretrain.py") == [9]
+    ranking = script.replace('"bank" + str(args.rank) + ".pth"', "args.ranking_file")
+    assert _lines(tmp_path, {"pretrain.py": ranking}, "pretrain.py") == [9]
+    shard = script.replace('"bank" + str(args.rank) + ".pth"', 'f"bank{dist.get_rank()}.pth"')
+    assert _lines(tmp_path, {"pretrain.py": shard}, "pretrain.py") == []
+
+
+def test_a_per_rank_file_in_a_script_with_a_cpu_path_is_still_reported(tmp_path: Path) -> None:
+    # The rank in the name settles the ranks, not a run on a machine without CUDA.
+    choice = 'device = "cuda" if torch.cuda.is_available() else "cpu"'
+    script = PER_RANK.replace("{device}", choice)
+    assert _lines(tmp_path, {"pretrain.py": script}, "pretrain.py") == [9]
+
+
 def test_another_programs_checkpoint_is_no_evidence(tmp_path: Path) -> None:
     # examples/gan saves from CUDA; examples/mnist loads a file of its own (never saved here).
     (tmp_path / "examples" / "gan").mkdir(parents=True)

@@ -353,7 +353,7 @@ def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tup
     if call is not None:
         if cpu is not None and cuda_only_around(ctx, call) is not None:
             cpu = None
-        if ranks is not None and main_process_only(ctx, call):
+        if ranks is not None and (main_process_only(ctx, call) or per_rank_file(ctx, call)):
             ranks = None
     found = [e for e in (cpu, ranks) if e is not None]
     return min(found) if found else None
@@ -442,18 +442,43 @@ def main_process_only(ctx: Context, call: ast.Call) -> bool:
     return False
 
 
-def loads_from_memory(ctx: Context, call: ast.Call) -> bool:
-    """The load reads an in-memory buffer (``io.BytesIO``) the process filled itself, not a
-    file: the devices it was saved from are this process's."""
+def _path_values(ctx: Context, call: ast.Call) -> List[ast.AST]:
+    """The loaded path expression, or the values its name is assigned in the load's scope."""
     path = (
         call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "f"), None)
     )
     if path is None:
-        return False
+        return []
     file = flow.file_of(ctx)
     values: List[ast.AST] = [path]
     if isinstance(path, ast.Name):
         values = list(file.assigned(file.scope_of(call)).get(path.id, [])) or values
+    return values
+
+
+def per_rank_file(ctx: Context, call: ast.Call) -> bool:
+    """The loaded path names the rank (``"queue" + str(args.rank) + ".pth"``,
+    ``f"shard{dist.get_rank()}.pt"``; not ``args.ranking_file``): each process
+    loads the file it saved itself, from its own device, so the ranks do not meet on one
+    device."""
+    for value in _path_values(ctx, call):
+        for node in ast.walk(value):
+            name = (
+                node.id
+                if isinstance(node, ast.Name)
+                else node.attr
+                if isinstance(node, ast.Attribute)
+                else ""
+            )
+            if "rank" in name.lower().split("_"):  # rank, local_rank, get_rank; not ranking
+                return True
+    return False
+
+
+def loads_from_memory(ctx: Context, call: ast.Call) -> bool:
+    """The load reads an in-memory buffer (``io.BytesIO``) the process filled itself, not a
+    file: the devices it was saved from are this process's."""
+    values = _path_values(ctx, call)
     return any(
         isinstance(v, ast.Call)
         and (ctx.segment(v.func).endswith("BytesIO") or ctx.qualname(v.func) == "io.BytesIO")
