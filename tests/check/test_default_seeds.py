@@ -39,12 +39,14 @@ def test_seed_fixture_preview_findings_when_selected(path: Path) -> None:
     assert got == want
 
 
-def test_strict_false_seed_is_default() -> None:
-    # ST012 met the bar on the held-out half (23 of 23): its seed is found with no --select.
-    assert not RULE_TABLE["ST012"].preview
+def test_strict_false_seed_is_preview_since_it_measured_below_the_bar() -> None:
+    # ST012 met the bar on 39 held-out findings, then measured 91.5% of 59 once the fourth and
+    # fifth batches' held-out findings were labelled: preview, found when selected.
+    assert RULE_TABLE["ST012"].preview
     source = (FIXTURES / "strict.py").read_text()
     assert {c for _n, c in expected_codes(source, _EXPECT)} == {"ST012"}
-    assert [d.code for d in check_source(source, "strict.py")].count("ST012") >= 1
+    assert [d.code for d in check_source(source, "strict.py")].count("ST012") == 0
+    assert [d.code for d in check_source(source, "strict.py", select=["ST012"])].count("ST012") >= 1
 
 
 def test_every_preview_rule_has_its_held_out_figure_in_the_docs() -> None:

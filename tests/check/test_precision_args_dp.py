@@ -6,7 +6,7 @@
   single-process fallback beside a DDP path (in the function, the file or the project);
 - ST014: an ``assert`` or an early exit on a distributed condition guards like an ``if``;
 - ST011: decided from the project's own loaders, and the message says what is true;
-- ST012: a default rule; deliberate partial loads and keys compared elsewhere are quiet.
+- ST012: (preview) deliberate partial loads and keys compared elsewhere are quiet.
 """
 
 from __future__ import annotations
@@ -448,10 +448,12 @@ def test_st011_sometimes_wrapped_stays_a_finding_with_a_loader_like_it(tmp_path:
 
 
 # -- ST012 -------------------------------------------------------------------------------------
-def test_st012_is_a_default_rule_and_finds_the_seed() -> None:
-    assert not RULE_TABLE["ST012"].preview
+def test_st012_finds_the_seed_when_selected() -> None:
+    # preview since it measured 91.5% of 59 on the held-out half (docs/check.md)
+    assert RULE_TABLE["ST012"].preview
     source = (FIXTURES / "strict.py").read_text()
-    assert [d.line for d in check_source(source, "strict.py") if d.code == "ST012"] == [5, 6, 7, 11]
+    found = check_source(source, "strict.py", select=["ST012"])
+    assert [d.line for d in found if d.code == "ST012"] == [5, 6, 7, 11]
 
 
 def test_st012_deliberate_partial_loads_are_quiet() -> None:

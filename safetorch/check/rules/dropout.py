@@ -75,6 +75,7 @@ class FunctionalDropoutWithoutTraining(Rule):
 
     code = "ST016"
 
+    preview = True  # 0 of 1 on the held-out corpus half, 0 of 1 on development: docs/check.md
     name = "functional-dropout-without-training"
     torch_symbols = ()  # nothing to route: only the call site knows self.training
     fixable = True
