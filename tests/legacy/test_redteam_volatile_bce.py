@@ -1,0 +1,187 @@
+"""Red team: ``st.legacy.volatile`` (the ``Variable(x, volatile=True)`` shim, results made with
+``Tensor._make_subclass``) and ST028 ``legacy-bce-target-shape``'s unsafe fix.
+
+Confirmed defects that are not fixed yet are ``xfail(strict=True)``; the rest pin what held."""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+import warnings
+from typing import Any, Dict
+
+import pytest
+import torch
+import torch.nn as nn
+
+import safetorch as st
+from safetorch.check import check_source, fix_source
+
+V = st.legacy.volatile
+HEADER = "import torch\nimport torch.nn as nn\nfrom torch.autograd import Variable\n"
+
+
+def _exec(source: str) -> Dict[str, Any]:
+    namespace: Dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(source, "<src>", "exec"), namespace)
+    return namespace
+
+
+def _fixed(body: str) -> str:
+    return fix_source(HEADER + textwrap.dedent(body), select=["ST028"], unsafe_fixes=True)
+
+
+# --- st.legacy.volatile: what held ----------------------------------------------------------
+def test_volatile_results_detach_in_place_like_no_grad_results() -> None:
+    w = torch.ones(3, requires_grad=True)
+    y = V(torch.ones(3)) * w
+    assert not y.requires_grad and y.grad_fn is None and not y._is_view()
+    assert y.detach_() is y
+    view = V(torch.arange(6.0)).view(2, 3)  # torch.no_grad()'s view refuses detach_()
+    view.detach_()
+
+
+def test_volatile_shares_memory_both_ways_and_views_write_through() -> None:
+    x = torch.zeros(3)
+    v = V(x)
+    v.add_(1)
+    x[0] = 5
+    assert x.tolist() == [5.0, 1.0, 1.0] and v.tolist() == [5.0, 1.0, 1.0]
+    base = torch.arange(4.0)
+    V(base).view(2, 2)[0, 0] = 9
+    assert base[0] == 9
+
+
+def test_volatile_results_save_load_weights_only_and_keep_shared_storage(tmp_path: Any) -> None:
+    base = V(torch.arange(4.0))
+    torch.save({"all": base, "head": base[:2], "out": base * 2}, tmp_path / "f.pt")
+    back = torch.load(tmp_path / "f.pt", weights_only=True)
+    assert all(type(t) is torch.Tensor for t in back.values())
+    back["all"][0] = 99
+    assert back["head"][0] == 99
+
+
+def test_requires_grad_on_a_volatile_result_still_records_nothing() -> None:
+    """0.3: volatile overrides requires_grad (a torch.no_grad() result would record a graph
+    after requires_grad_(); the shim keeps the 0.3 meaning)."""
+    y = V(torch.ones(2)) * 2
+    y.requires_grad_()
+    assert not (y * 2).requires_grad
+
+
+# --- st.legacy.volatile: defects -------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="red team: VolatileTensor.data is an as_subclass alias "
+                   "(a view), so .data.detach_() raises 'Can't detach views in-place'")
+def test_data_of_a_volatile_tensor_detaches_in_place_like_plain_data() -> None:
+    torch.ones(2).data.detach_()  # plain torch
+    (V(torch.ones(2)) * 1).data.detach_()
+
+
+@pytest.mark.xfail(strict=True, reason="red team: deepcopy of a VolatileTensor that requires "
+                   "grad (nn.Parameter(volatile(x)), requires_grad_()) raises: __deepcopy__ "
+                   "deep-copies an as_subclass alias, a non-leaf")
+def test_deepcopy_of_a_volatile_tensor_that_requires_grad() -> None:
+    v = V(torch.ones(2)).requires_grad_()
+    assert copy.deepcopy(v).requires_grad
+
+
+@pytest.mark.xfail(strict=True, reason="red team: nn.Parameter(volatile(x)) is a VolatileTensor "
+                   "Parameter: every op on it runs under no_grad, so it silently never trains "
+                   "(0.3 refused Parameter(Variable) outright)")
+def test_a_parameter_made_from_a_volatile_tensor_trains_or_raises() -> None:
+    try:
+        p = nn.Parameter(V(torch.ones(2)))
+    except (TypeError, RuntimeError):
+        return
+    (p * 2).sum().backward()
+    assert p.grad is not None
+
+
+@pytest.mark.xfail(strict=True, reason="red team: an in-place op on a plain tensor with a "
+                   "volatile operand returns a new VolatileTensor, not self; m.weight += v then "
+                   "raises TypeError after weight was already changed")
+def test_in_place_op_with_a_volatile_operand_returns_self() -> None:
+    w = torch.ones(3)
+    assert w.add_(V(torch.ones(3))) is w
+    m = nn.Linear(2, 2)
+    m.weight += V(torch.ones(2, 2))  # `with torch.no_grad(): m.weight += t` works
+    assert isinstance(m.weight, nn.Parameter)
+
+
+# --- ST028: what held -------------------------------------------------------------------------
+def test_st028_fix_is_idempotent_and_keeps_comments_and_continuations_compiling() -> None:
+    body = """
+        crit = nn.BCELoss()
+        out = torch.rand(4, 1)
+        a = crit(out,
+                 Variable(torch.ones(4,   # a comment inside
+                                     )))
+        b = crit(out, \\
+                 torch.ones(4))
+        c = crit(out, target=torch.ones(4))
+        d = nn.functional.binary_cross_entropy(input=out, target=torch.ones(4))
+    """
+    once = _fixed(body)
+    assert once.count(".reshape_as(out)") == 4 and "# a comment inside" in once
+    assert fix_source(once, select=["ST028"], unsafe_fixes=True) == once
+    ns = _exec(once)
+    assert torch.allclose(ns["a"], ns["b"]) and torch.allclose(ns["c"], ns["d"])
+
+
+def test_st028_leaves_with_logits_losses_and_modern_code_alone() -> None:
+    body = """
+        out = torch.rand(4, 1)
+        a = nn.functional.binary_cross_entropy_with_logits(out, torch.ones(4, 1))
+        b = nn.BCEWithLogitsLoss()(out, torch.ones(4, 1))
+    """
+    assert not list(check_source(HEADER + textwrap.dedent(body), select=["ST028"]))
+    modern = "import torch\nimport torch.nn as nn\nnn.BCELoss()(torch.rand(4), torch.ones(4, 1))\n"
+    assert not list(check_source(modern, select=["ST028"]))
+
+
+# --- ST028: defects -------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="red team: ST028's fix reshapes the target but not a "
+                   "weight shaped like it; F.binary_cross_entropy then expands the weight to "
+                   "(b, b) and raises, where safetorch run (st.legacy.binary_cross_entropy) "
+                   "reshapes both and computes 0.3's value")
+def test_st028_fix_with_a_weight_shaped_like_the_target_runs() -> None:
+    body = """
+        out = torch.full((4,), 0.25)
+        w = torch.Tensor([[1.0], [0.0], [0.0], [0.0]])
+        f = nn.functional.binary_cross_entropy(out, Variable(torch.ones(4, 1)), w)
+        m = nn.BCELoss(weight=w)(out, Variable(torch.ones(4, 1)))
+    """
+    ns = _exec(_fixed(body))
+    expected = torch.nn.functional.binary_cross_entropy(
+        torch.full((4,), 0.25), torch.ones(4), torch.tensor([1.0, 0.0, 0.0, 0.0])
+    )
+    assert torch.allclose(ns["f"], expected) and torch.allclose(ns["m"], expected)
+
+
+@pytest.mark.xfail(strict=True, reason="red team: ST028 resolves a lambda parameter or for-loop "
+                   "variable named like a module-level BCELoss to that BCELoss and rewrites the "
+                   "call; the CrossEntropyLoss call that ran then raises in reshape_as")
+def test_st028_does_not_rewrite_a_shadowed_criterion_name() -> None:
+    body = """
+        criterion = nn.BCELoss()
+        logits = torch.randn(4, 3)
+        f = lambda criterion, x: criterion(x, torch.zeros(4, dtype=torch.long))
+        a = f(nn.CrossEntropyLoss(), logits)
+        for criterion in [nn.CrossEntropyLoss()]:
+            b = criterion(logits, torch.zeros(4, dtype=torch.long))
+    """
+    assert _fixed(body) == HEADER + textwrap.dedent(body)
+
+
+@pytest.mark.xfail(strict=True, reason="red team: ST028 reports labels already shaped by the "
+                   "input (torch.ones(out.size()), torch.ones(*out.shape)); the docs say targets "
+                   "shaped by the input are left alone")
+def test_st028_leaves_labels_built_from_the_inputs_size_alone() -> None:
+    body = """
+        out = torch.rand(4, 1)
+        a = nn.BCELoss()(out, torch.ones(out.size()))
+        b = nn.BCELoss()(out, Variable(torch.FloatTensor(*out.shape).fill_(1)))
+    """
+    assert not list(check_source(HEADER + textwrap.dedent(body), select=["ST028"]))
