@@ -77,7 +77,17 @@ def _no_network(*args, **kwargs):
     raise OSError("network access is blocked by the legacy-corpus harness")
 
 
-socket.socket.connect = _no_network
+_connect = socket.socket.connect
+
+
+def _local_only(self, address, *args, **kwargs):
+    # AF_UNIX stays open: DataLoader workers hand tensors over through a local socket
+    if self.family == getattr(socket, "AF_UNIX", None):
+        return _connect(self, address, *args, **kwargs)
+    return _no_network()
+
+
+socket.socket.connect = _local_only
 socket.create_connection = _no_network
 
 

@@ -72,24 +72,33 @@ def test_requires_grad_on_a_volatile_result_still_records_nothing() -> None:
 
 
 # --- st.legacy.volatile: defects -------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="red team: VolatileTensor.data is an as_subclass alias "
-                   "(a view), so .data.detach_() raises 'Can't detach views in-place'")
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: VolatileTensor.data is an as_subclass alias "
+    "(a view), so .data.detach_() raises 'Can't detach views in-place'",
+)
 def test_data_of_a_volatile_tensor_detaches_in_place_like_plain_data() -> None:
     torch.ones(2).data.detach_()  # plain torch
     (V(torch.ones(2)) * 1).data.detach_()
 
 
-@pytest.mark.xfail(strict=True, reason="red team: deepcopy of a VolatileTensor that requires "
-                   "grad (nn.Parameter(volatile(x)), requires_grad_()) raises: __deepcopy__ "
-                   "deep-copies an as_subclass alias, a non-leaf")
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: deepcopy of a VolatileTensor that requires "
+    "grad (nn.Parameter(volatile(x)), requires_grad_()) raises: __deepcopy__ "
+    "deep-copies an as_subclass alias, a non-leaf",
+)
 def test_deepcopy_of_a_volatile_tensor_that_requires_grad() -> None:
     v = V(torch.ones(2)).requires_grad_()
     assert copy.deepcopy(v).requires_grad
 
 
-@pytest.mark.xfail(strict=True, reason="red team: nn.Parameter(volatile(x)) is a VolatileTensor "
-                   "Parameter: every op on it runs under no_grad, so it silently never trains "
-                   "(0.3 refused Parameter(Variable) outright)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: nn.Parameter(volatile(x)) is a VolatileTensor "
+    "Parameter: every op on it runs under no_grad, so it silently never trains "
+    "(0.3 refused Parameter(Variable) outright)",
+)
 def test_a_parameter_made_from_a_volatile_tensor_trains_or_raises() -> None:
     try:
         p = nn.Parameter(V(torch.ones(2)))
@@ -99,9 +108,12 @@ def test_a_parameter_made_from_a_volatile_tensor_trains_or_raises() -> None:
     assert p.grad is not None
 
 
-@pytest.mark.xfail(strict=True, reason="red team: an in-place op on a plain tensor with a "
-                   "volatile operand returns a new VolatileTensor, not self; m.weight += v then "
-                   "raises TypeError after weight was already changed")
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: an in-place op on a plain tensor with a "
+    "volatile operand returns a new VolatileTensor, not self; m.weight += v then "
+    "raises TypeError after weight was already changed",
+)
 def test_in_place_op_with_a_volatile_operand_returns_self() -> None:
     w = torch.ones(3)
     assert w.add_(V(torch.ones(3))) is w
@@ -142,27 +154,30 @@ def test_st028_leaves_with_logits_losses_and_modern_code_alone() -> None:
 
 
 # --- ST028: defects -------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="red team: ST028's fix reshapes the target but not a "
-                   "weight shaped like it; F.binary_cross_entropy then expands the weight to "
-                   "(b, b) and raises, where safetorch run (st.legacy.binary_cross_entropy) "
-                   "reshapes both and computes 0.3's value")
-def test_st028_fix_with_a_weight_shaped_like_the_target_runs() -> None:
+def test_st028_reports_a_weighted_bce_without_a_fix_that_would_break_it() -> None:
+    # red team: reshaping only the target made a (b, 1) weight broadcast to (b, b) and raise;
+    # a weight (on the call or the criterion) keeps the finding and drops the fix
     body = """
         out = torch.full((4,), 0.25)
         w = torch.Tensor([[1.0], [0.0], [0.0], [0.0]])
         f = nn.functional.binary_cross_entropy(out, Variable(torch.ones(4, 1)), w)
         m = nn.BCELoss(weight=w)(out, Variable(torch.ones(4, 1)))
+        crit = nn.BCELoss(w)
+        c = crit(out, Variable(torch.ones(4, 1)))
     """
-    ns = _exec(_fixed(body))
-    expected = torch.nn.functional.binary_cross_entropy(
-        torch.full((4,), 0.25), torch.ones(4), torch.tensor([1.0, 0.0, 0.0, 0.0])
+    source = HEADER + textwrap.dedent(body)
+    found = list(check_source(source, select=["ST028"]))
+    assert len(found) == 3 and all(d.fix is None for d in found)
+    assert _fixed(body) == source
+    # the same script without weights is fixed and then runs with the 0.3 value
+    plain = (
+        body.replace(", w)", ")").replace("weight=w", "").replace("nn.BCELoss(w)", "nn.BCELoss()")
     )
-    assert torch.allclose(ns["f"], expected) and torch.allclose(ns["m"], expected)
+    ns = _exec(_fixed(plain))
+    expected = torch.nn.functional.binary_cross_entropy(torch.full((4,), 0.25), torch.ones(4))
+    assert all(torch.allclose(ns[k], expected) for k in ("f", "m", "c"))
 
 
-@pytest.mark.xfail(strict=True, reason="red team: ST028 resolves a lambda parameter or for-loop "
-                   "variable named like a module-level BCELoss to that BCELoss and rewrites the "
-                   "call; the CrossEntropyLoss call that ran then raises in reshape_as")
 def test_st028_does_not_rewrite_a_shadowed_criterion_name() -> None:
     body = """
         criterion = nn.BCELoss()
@@ -175,9 +190,6 @@ def test_st028_does_not_rewrite_a_shadowed_criterion_name() -> None:
     assert _fixed(body) == HEADER + textwrap.dedent(body)
 
 
-@pytest.mark.xfail(strict=True, reason="red team: ST028 reports labels already shaped by the "
-                   "input (torch.ones(out.size()), torch.ones(*out.shape)); the docs say targets "
-                   "shaped by the input are left alone")
 def test_st028_leaves_labels_built_from_the_inputs_size_alone() -> None:
     body = """
         out = torch.rand(4, 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple, Union
 
 from safetorch._eras import marks_0_3
 from safetorch.check.engine import UNSAFE, Context, Fix
@@ -389,9 +389,12 @@ class LegacyBceTargetShape(Rule):
     at once, or through the name or ``self`` attribute it is assigned to) or
     ``F.binary_cross_entropy``, and the target is such a constructor (through ``Variable``,
     ``.cuda()``/``.to()``/``.fill_()``, and the name or attribute it is assigned to). A target
-    already shaped by the input (``ones_like``, ``.view_as``) is left alone.
+    already shaped by the input (``ones_like``, ``.view_as``, ``torch.ones(out.size())``) is
+    left alone, and so is a criterion name that a parameter, a lambda, a loop or a ``with``
+    also binds in the file (it may not be the ``BCELoss``).
 
-    Fix (unsafe, ``--unsafe-fixes``, only where the input is a name or attribute):
+    Fix (unsafe, ``--unsafe-fixes``, only where the input is a name or attribute and no
+    ``weight`` is given: a weight shaped like the old target would not follow the reshape):
     ``target.reshape_as(input)``: nothing where the shapes already match, and where they
     differ the pairing old torch did (``st.legacy.binary_cross_entropy``, what ``safetorch
     run`` does).
@@ -418,6 +421,7 @@ class LegacyBceTargetShape(Rule):
         self._flow: Optional[ZeroDim] = None
         self._era: Optional[bool] = None
         self._attrs: Optional[Dict[str, List[ast.AST]]] = None
+        self._binders: Optional[FrozenSet[str]] = None
 
     def visit(self, node: ast.Call) -> None:
         if not self._is_bce(node.func, node):
@@ -429,14 +433,17 @@ class LegacyBceTargetShape(Rule):
         if self._flow is None:
             self._flow = ZeroDim(self.ctx)
         at, scope = start_of(node), self._flow.scope_of(node)
-        if not self._shaped_label(target, at, scope, 0):
+        shaped_by_input = _shaped_by(self._unwrap(target), source, self.ctx)
+        if not self._shaped_label(target, at, scope, 0) or shaped_by_input:
             return
         if self._era is None:
             self._era = _is_0_3_project(self.ctx)
         if not self._era:
             return
         fix = None
-        if _pure(source):
+        # a weight shaped like the old target would broadcast against the reshaped one:
+        # st.legacy reshapes both, a one-span fix cannot; report without a fix there
+        if _pure(source) and not self._weighted(node):
             new = f"{self.ctx.segment(target)}.reshape_as({self.ctx.segment(source)})"
             if not isinstance(target, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
                 new = f"({self.ctx.segment(target)}).reshape_as({self.ctx.segment(source)})"
@@ -459,8 +466,47 @@ class LegacyBceTargetShape(Rule):
             return self._bce_module(func)
         if self.ctx.qualname(func) is not None:
             return False
+        if isinstance(func, ast.Name) and func.id in self._other_binders():
+            return False  # a lambda or function parameter, a loop or `with` target: unknown
         values = self._assigned(func, call)
         return bool(values) and all(self._bce_module(v) for v in values)
+
+    def _other_binders(self) -> FrozenSet[str]:
+        """Names the file binds other than by ``name = value``: parameters (of functions and
+        lambdas), ``for`` / comprehension / ``with ... as`` / ``except ... as`` targets."""
+        if self._binders is None:
+            names: Set[str] = set()
+            for node in self.ctx.walk(self.ctx.tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    args = node.args
+                    every = args.posonlyargs + args.args + args.kwonlyargs
+                    every += [a for a in (args.vararg, args.kwarg) if a is not None]
+                    names.update(a.arg for a in every)
+                elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+                    names.update(_target_names(node.target))
+                elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                    names.update(_target_names(node.optional_vars))
+                elif isinstance(node, ast.ExceptHandler) and node.name:
+                    names.add(node.name)
+                elif isinstance(node, ast.NamedExpr):
+                    names.update(_target_names(node.target))
+            self._binders = frozenset(names)
+        return self._binders
+
+    def _weighted(self, call: ast.Call) -> bool:
+        """A ``weight`` given to the call or to the criterion's constructor (any we see)."""
+        if self.ctx.qualname(call.func) == _BCE_FUNCTION:
+            return call_arg(call, 2, "weight") is not None
+        func = call.func
+        makers = [func] if isinstance(func, ast.Call) else self._assigned(func, call)
+        for maker in makers:
+            for made in (maker.body, maker.orelse) if isinstance(maker, ast.IfExp) else (maker,):
+                made = _strip_moves(made)
+                if not isinstance(made, ast.Call) or made.args:
+                    return True  # nn.BCELoss(w): weight is the first parameter
+                if any(k.arg in (None, "weight") for k in made.keywords):
+                    return True  # weight=w, or **kwargs that may hold one
+        return False
 
     def _bce_module(self, expr: ast.AST) -> bool:
         if isinstance(expr, ast.IfExp):  # nn.BCELoss().cuda() if cuda else nn.BCELoss()
@@ -530,6 +576,25 @@ def _pairs(target: ast.AST, value: ast.AST) -> List[Tuple[str, ast.AST]]:
         if len(target.elts) == len(value.elts):
             return [p for t, v in zip(target.elts, value.elts) for p in _pairs(t, v)]
     return []
+
+
+def _target_names(target: ast.AST) -> List[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _shaped_by(made: ast.AST, source: ast.expr, ctx: Context) -> bool:
+    """``torch.ones(out.size())``, ``torch.ones(*out.shape)``: a label made in the input's own
+    shape (``made`` is the constructor call; names are not followed)."""
+    if not isinstance(made, ast.Call) or len(made.args) != 1 or made.keywords:
+        return False
+    arg = made.args[0]
+    arg = arg.value if isinstance(arg, ast.Starred) else arg
+    base: Optional[ast.expr] = None
+    if isinstance(arg, ast.Call) and not arg.args and isinstance(arg.func, ast.Attribute):
+        base = arg.func.value if arg.func.attr == "size" else None
+    elif isinstance(arg, ast.Attribute) and arg.attr == "shape":
+        base = arg.value
+    return base is not None and ctx.segment(base) == ctx.segment(source)
 
 
 def _strip_moves(expr: ast.AST) -> ast.AST:
