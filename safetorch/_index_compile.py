@@ -25,10 +25,13 @@ from safetorch._index_checks import (
     _zero_bad,
     raise_deferred,
 )
+from safetorch._index_parse import _gather, _index_select
 
 __all__: List[str] = []  # private: safetorch.tensor and safetorch._index_fused
 
-_SELECT_OPS: Dict[str, Any] = {"index_select": torch.index_select, "gather": torch.gather}
+# torch's originals (captured by _index_parse before any patch): this module may be imported
+# after monkeypatch mode wrapped torch.index_select / torch.gather (safetorch.patching._index).
+_SELECT_OPS: Dict[str, Any] = {"index_select": _index_select, "gather": _gather}
 _COMPILED_SITE_KEY = ("<a torch.compile graph>", 0, "(line unknown inside a compiled graph)")
 
 

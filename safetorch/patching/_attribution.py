@@ -3,16 +3,16 @@ and which code is the legacy project's own (the ``legacy`` patch changes semanti
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import sysconfig
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from safetorch._eras import marks_0_3
 from safetorch._stack import TORCH_DIR, first_frame_outside
-from safetorch.patching._report import SKIP_ALWAYS
+from safetorch.patching._report import SKIP_ALWAYS, install_dirs
 from safetorch.patching._routing import WrapperFn
 
 __all__: List[str] = []  # private: the public API is in safetorch.patching
@@ -116,21 +116,12 @@ def attributed(handler: WrapperFn) -> WrapperFn:
 # the standard library keeps modern semantics. The project is the directory of the script
 # `python` / `safetorch run` started (a `-m pkg.mod`: the directory above the package), or,
 # when `__main__` is not a project file (pytest, a REPL), every file outside those libraries.
-_LIBRARY_DIRS: Tuple[str, ...] = tuple(
-    dict.fromkeys(
-        (
-            *SKIP_ALWAYS,
-            TORCH_DIR,
-            *(
-                os.path.abspath(p) + os.sep
-                for key in ("stdlib", "platstdlib", "purelib", "platlib")
-                for p in [sysconfig.get_paths().get(key)]
-                if p
-            ),
-            "<frozen ",
-        )
-    )
-)
+@functools.cache
+def _library_dirs() -> Tuple[str, ...]:
+    installed = install_dirs("stdlib", "platstdlib", "purelib", "platlib")
+    return tuple(dict.fromkeys((*SKIP_ALWAYS, TORCH_DIR, *installed, "<frozen ")))
+
+
 _LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 _project_files: Dict[str, bool] = {}
 _era_files: Dict[str, bool] = {}
@@ -138,7 +129,7 @@ _era: Dict[str, Any] = {"found": False, "modules": -1, "root": None}
 
 
 def _library(filename: str) -> bool:
-    return filename.startswith(_LIBRARY_DIRS) or any(p in filename for p in _LIBRARY_PARTS)
+    return filename.startswith(_library_dirs()) or any(p in filename for p in _LIBRARY_PARTS)
 
 
 def _root() -> Optional[str]:

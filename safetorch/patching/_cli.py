@@ -19,7 +19,7 @@ import sys
 from typing import Sequence
 
 from safetorch._cli import add_run_parsers, say_error
-from safetorch.patching import _activation, _hook, _runner
+from safetorch.patching import _activation, _runner
 from safetorch.patching._allow import allowed_globals, parse_allow_list
 
 __all__: list = []
@@ -96,6 +96,8 @@ def _check_dir(command: str, directory: str) -> int:
 
 def _hook_command(args: argparse.Namespace, install: bool) -> int:
     """``install-hook`` / ``uninstall-hook``: write or remove the .pth file in ``--dir``."""
+    from safetorch.patching import _hook  # sysconfig and the atomic writer: not on run's path
+
     command = "install-hook" if install else "uninstall-hook"
     if install:
         _require_torch()

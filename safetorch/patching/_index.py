@@ -7,29 +7,38 @@ elsewhere (CUDA, ROCm, MPS, ...) the call goes to ``st.checked_index`` / ``st.in
 / ``st.gather``, which raise an ``IndexError`` *before* a device-side assert can kill the
 CUDA context.
 
-The st functions call torch's originals, captured when safetorch.tensor was imported (before
-any patch); any other indexing they do re-enters these wrappers, which then see
-``nested("index")`` and go straight to torch. ``Tensor.__getitem__`` is also a target of the
-``legacy`` patch: the registry keeps one wrapper for it, to which each patch contributes its
-handler (legacy's around this one, so that it sees the ``IndexError`` of a checked index).
+The st functions call torch's originals, which ``safetorch._index_parse`` captures when it is
+imported: this module imports it before any patch goes on. ``safetorch.tensor`` itself (its
+checks, the custom ops for ``torch.compile``, the Triton path) is imported on the first call a
+wrapper routes to it, never while dynamo traces (each handler tests ``compiling()`` first), so
+a program that indexes only where the kernel checks (CPU) never pays for it. Any other
+indexing the st functions do re-enters these wrappers, which then see ``nested("index")`` and
+go straight to torch. ``Tensor.__getitem__`` is also a target of the ``legacy`` patch: the
+registry keeps one wrapper for it, to which each patch contributes its handler (legacy's
+around this one, so that it sees the ``IndexError`` of a checked index).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from safetorch import _compat, _device
+from safetorch import (
+    _compat,
+    _device,
+    _index_parse,  # noqa: F401  (captures torch's originals before any patch)
+)
 from safetorch.patching._attribution import call_attributing_warnings
 from safetorch.patching._registry import Patch, Target, declare
 from safetorch.patching._report import record
-from safetorch.patching._routing import WrapperFn, nested, reentry
+from safetorch.patching._routing import LazyModule, WrapperFn, nested, reentry
 
 __all__: list = []
 
-_tensor = importlib.import_module("safetorch.tensor")
+# Imported on the first routed call (see the module docstring): importing it registers the
+# custom ops of safetorch._index_compile, which must not happen while dynamo traces.
+_tensor: Any = LazyModule("safetorch.tensor")
 _NAME = "index"
 
 

@@ -42,8 +42,7 @@ import logging
 import sys
 import threading
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import wrapt
 
@@ -61,26 +60,27 @@ __all__: List[str] = []  # private: the public API is in safetorch.patching
 logger = logging.getLogger("safetorch")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """One attribute to wrap: ``module`` (dotted, importable), ``path`` inside it, and the
-    patch's ``handler`` for it (wrapt's ``(wrapped, instance, args, kwargs)`` protocol)."""
+    patch's ``handler`` for it (wrapt's ``(wrapped, instance, args, kwargs)`` protocol).
+
+    A named tuple, not a dataclass: every patch family declares its targets when ``safetorch
+    run`` turns the patches on, and a frozen dataclass costs ~0.8 ms to create at import.
+    """
 
     module: str
     path: str
-    handler: WrapperFn = field(compare=False, repr=False)
+    handler: WrapperFn
     # Re-attribute warnings raised inside the call to the caller's line (see
     # call_attributing_warnings). Off for hot paths (which do it themselves when a warning is
     # possible) and for calls made on helper threads (pin memory), where swapping the global
     # warning state would race with the main thread.
-    attribute_warnings: bool = field(default=True, compare=False, repr=False)
+    attribute_warnings: bool = True
     # For an attribute several patches target: ``around(inner)`` is this patch's handler
     # around ``inner``, the chain of the handlers of the patches declared before it (which it
     # calls instead of torch's original). Without it, a later handler calls the earlier ones
     # through its ``wrapped`` argument (one frame more per call).
-    around: Optional[Callable[[WrapperFn], WrapperFn]] = field(
-        default=None, compare=False, repr=False
-    )
+    around: Optional[Callable[[WrapperFn], WrapperFn]] = None
 
     @property
     def qualname(self) -> str:
@@ -109,8 +109,7 @@ def _resolves(function: str) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Patch:
+class Patch(NamedTuple):
     """A patch family: its name and what it wraps; the rest comes from the pitfall table.
 
     ``name`` is the ``patch`` of its rows in ``safetorch._pitfalls``: :attr:`pitfalls`,
@@ -121,8 +120,8 @@ class Patch:
     name: str
     targets: Tuple[Target, ...]
     # Called (under the registry lock) after the targets are applied / before they are restored.
-    on_enable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
-    on_disable: Optional[Callable[[], None]] = field(default=None, compare=False, repr=False)
+    on_enable: Optional[Callable[[], None]] = None
+    on_disable: Optional[Callable[[], None]] = None
 
     @property
     def pitfalls(self) -> Tuple[str, ...]:

@@ -8,10 +8,10 @@ atomic, so wrappers take no lock on their fast path. Nothing is counted while dy
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
-import sysconfig
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -31,12 +31,26 @@ def _dir_of(module: Any) -> str:
 # Frames that are never the user's: safetorch and wrapt (the wrapper layer); torch and the
 # standard library are skipped too when looking for the user's line.
 SKIP_ALWAYS = (SAFETORCH_DIR, _dir_of(wrapt))
-_NOT_USER: Tuple[str, ...] = (
-    *SKIP_ALWAYS,
-    TORCH_DIR,
-    os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
-    "<frozen ",
-)
+
+
+@functools.cache
+def install_dirs(*keys: str) -> Tuple[str, ...]:
+    """The interpreter's directories ``keys`` of ``sysconfig.get_paths()`` (``"stdlib"``,
+    ``"purelib"``, ...), each ending in ``os.sep``. Looked up on first use, not at import:
+    torch does not import sysconfig, and a run whose calls no patch changes never needs it.
+
+    >>> install_dirs("stdlib")[0].endswith(os.sep)
+    True
+    """
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(os.path.abspath(paths[key]) + os.sep for key in keys if paths.get(key))
+
+
+@functools.cache
+def _not_user() -> Tuple[str, ...]:
+    return (*SKIP_ALWAYS, TORCH_DIR, *install_dirs("stdlib"), "<frozen ")
 
 
 def call_site(depth: int = 2) -> str:
@@ -46,7 +60,7 @@ def call_site(depth: int = 2) -> str:
     has no user frame at all).
     """
     start = sys._getframe(depth)
-    user, _ = first_frame_outside(start, _NOT_USER)
+    user, _ = first_frame_outside(start, _not_user())
     if user is None:
         user, _ = first_frame_outside(start, SKIP_ALWAYS)
     return "<unknown>" if user is None else f"{user.f_code.co_filename}:{user.f_lineno}"

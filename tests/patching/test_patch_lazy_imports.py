@@ -9,6 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from safetorch import _compat
+
 ROOT = Path(__file__).resolve().parents[2]
 
 HEAVY = ("safetorch.checkpoint", "safetorch.nn", "safetorch.data")
@@ -68,3 +72,91 @@ def test_a_patch_whose_imported_module_lacks_its_function_is_still_refused(
         tmp_path,
     )
     assert out.strip() == "False"
+
+
+# The index patch imports safetorch.tensor (its checks, and the custom ops that registering
+# costs ~4 ms) on the first call it routes, not when it goes on: a CPU program never pays.
+FIRST_CALL = """
+import sys
+
+import torch
+
+print("tensor at start:", "safetorch.tensor" in sys.modules)
+x = torch.arange(3)
+try:
+    x[torch.tensor([5])]  # the first indexing of the program: routed (the policy is forced)
+except IndexError as exc:
+    print("raised:", type(exc).__module__, type(exc).__name__)
+print("tensor after:", "safetorch.tensor" in sys.modules)
+from safetorch import _index_parse
+
+print("originals:", _index_parse._getitem is torch.Tensor.__getitem__.__wrapped__)
+"""
+
+COMPILED_FIRST = """
+import sys
+
+import torch
+
+import safetorch as st
+
+x = torch.arange(10) * 10
+first = torch.compile(lambda i: x[i] + 1, backend="eager", fullgraph=True)
+print("compiled first:", first(torch.tensor([1, 2])).tolist())
+try:
+    x[torch.tensor([50])]
+except IndexError as exc:
+    print("eager raised:", type(exc).__name__)
+checked = torch.compile(lambda i: st.checked_index(x, i) * 2, backend="eager", fullgraph=True)
+print("checked in a graph:", checked(torch.tensor([3])).tolist())
+try:
+    checked(torch.tensor([30]))
+except IndexError as exc:
+    print("graph raised:", type(exc).__name__)
+"""
+
+
+def _safetorch_run(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    (tmp_path / "script.py").write_text(script)
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "PATH": "/usr/bin:/bin",
+        "OMP_NUM_THREADS": "1",
+        "SAFETORCH_INDEX_CHECK": "always",  # CPU indexing routed, as on CUDA
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "safetorch", "run", "-v", "script.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_the_index_patch_checks_the_first_call_it_routes(tmp_path: Path) -> None:
+    proc = _safetorch_run(FIRST_CALL, tmp_path)
+    assert proc.stdout.splitlines() == [
+        "tensor at start: False",  # lazy: not imported when the patch went on
+        "raised: safetorch.errors IndexOutOfBoundsError",  # and yet the first call is checked
+        "tensor after: True",
+        "originals: True",  # the st function calls torch's original, not the wrapper
+    ]
+    assert "x[index] -> st.checked_index (cpu)" in proc.stderr
+    assert "first at script.py:9" in proc.stderr
+
+
+@pytest.mark.skipif(not _compat.HAS_COMPILE, reason="torch.compile needs torch 2.0")
+def test_the_index_patch_imported_lazily_works_with_torch_compile(tmp_path: Path) -> None:
+    # the first indexing happens in a compiled graph; the custom ops are registered when
+    # safetorch.tensor is first imported, outside dynamo's tracing, and serve later graphs
+    proc = _safetorch_run(COMPILED_FIRST, tmp_path)
+    assert proc.stdout.splitlines() == [
+        "compiled first: [11, 21]",
+        "eager raised: IndexOutOfBoundsError",
+        "checked in a graph: [60]",
+        "graph raised: IndexOutOfBoundsError",
+    ]
+    assert "x[index] -> st.checked_index (cpu)" in proc.stderr
