@@ -1,0 +1,95 @@
+"""ST012: a non-strict load whose keys a helper of the same file compares with the model's
+first is not a finding; a helper that only takes the same arguments still is."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from safetorch.check import check_source
+
+HELPERS = """
+import torch
+
+
+def report_keys(net, weights):
+    wanted = set(net.state_dict().keys())
+    given = set(weights.keys())
+    print("missing", len(wanted - given), "unused", len(given - wanted))
+    assert wanted & given, "nothing matched"
+
+
+def only_prints(net, weights):
+    print(type(net).__name__, len(weights))
+
+
+def compares_other_things(net, weights):
+    names = set(weights)
+    return names - {"step", "epoch"}
+"""
+
+
+def _codes(body: str) -> list:
+    source = HELPERS + textwrap.dedent(body)
+    return [d.code for d in check_source(source, "sample.py", select=["ST012"])]
+
+
+def test_key_checker_called_with_the_model_and_the_dict_is_quiet() -> None:
+    assert (
+        _codes(
+            """
+        def restore(model, path):
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+            report_keys(model, sd)
+            model.load_state_dict(sd, strict=False)
+        """
+        )
+        == []
+    )
+
+
+def test_argument_order_follows_the_helper_signature() -> None:
+    # helper(weights, net): the dict goes first; matched by position, not by name
+    source = """
+        def check(weights, net):
+            extra = set(weights) - set(net.state_dict())
+            print(sorted(extra))
+
+        def restore(model, sd):
+            check(sd, model)
+            model.load_state_dict(sd, strict=False)
+        """
+    assert _codes(source) == []
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "only_prints(model, sd)",  # looks at neither key set
+        "compares_other_things(model, sd)",  # compares, but not with the model's keys
+        "report_keys(other, sd)",  # another model's keys
+        "report_keys(model, backup)",  # another dict's keys
+        "report_keys(net=model, weights=sd)",  # keywords: not resolved, stays reported
+    ],
+)
+def test_helpers_that_do_not_compare_these_keys_leave_the_finding(call: str) -> None:
+    assert _codes(
+        f"""
+        def restore(model, other, sd, backup):
+            {call}
+            model.load_state_dict(sd, strict=False)
+        """
+    ) == ["ST012"]
+
+
+def test_an_unknown_function_is_not_taken_as_a_checker() -> None:
+    assert _codes(
+        """
+        from somewhere import check_keys
+
+        def restore(model, sd):
+            check_keys(model, sd)
+            model.load_state_dict(sd, strict=False)
+        """
+    ) == ["ST012"]
