@@ -565,6 +565,7 @@ _NOWRAP = torch.overrides.get_default_nowrap_functions()  # what Tensor.__torch_
 _make_subclass = torch.Tensor._make_subclass  # a detached tensor of a subclass (not a view)
 # The C getset descriptor behind ``x.data`` (torch's stubs type it as a Tensor).
 _tensor_data: Any = torch.Tensor.data
+_Parameter = torch.nn.Parameter
 
 
 class VolatileTensor(torch.Tensor):
@@ -580,7 +581,10 @@ class VolatileTensor(torch.Tensor):
     formatting (``format(x, spec)`` and f-strings give what a plain tensor gives) or
     pickling (``torch.save``, ``pickle``, ``copy.copy``, multiprocessing queues write a
     plain tensor, which ``torch.load(weights_only=True)`` reads back). Hashing and
-    equality are a plain tensor's (by identity, elementwise).
+    equality are a plain tensor's (by identity, elementwise). An in-place target or an
+    ``out=`` tensor is returned as itself, volatile or not, as under ``torch.no_grad()``;
+    ``nn.Parameter(x)`` of a volatile ``x`` is a plain ``Parameter`` that trains, as
+    ``nn.Parameter`` of a tensor computed under ``torch.no_grad()`` is.
 
     >>> import torch, safetorch as st
     >>> w = torch.ones(2, requires_grad=True)
@@ -611,13 +615,15 @@ class VolatileTensor(torch.Tensor):
                 _set_grad_enabled(True)
         if func in _NOWRAP:
             return ret
-        return _as_volatile(ret)
+        return _as_volatile(ret, args, kwargs)
 
     @property
     def data(self) -> torch.Tensor:
         """The plain tensor behind this one (no volatility), as 0.3's ``Variable.data``."""
+        # torch's own .data of the tensor (a plain, detached, non-view tensor with its own
+        # version counter), not an as_subclass alias: detach_() refuses aliases (views).
         with _compat.disable_torch_function_subclass():
-            return _tensor_data.__get__(self).as_subclass(_plain)
+            return _tensor_data.__get__(self)
 
     @data.setter
     def data(self, value: torch.Tensor) -> None:
@@ -632,26 +638,71 @@ class VolatileTensor(torch.Tensor):
         return self.as_subclass(_plain).__reduce_ex__(protocol)
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "VolatileTensor":
-        # torch's default refuses subclasses whose new_empty() returns a plain tensor.
+        # torch's default refuses subclasses whose new_empty() returns a plain tensor, so
+        # torch's deepcopy of the plain tensor behind this one (storage sharing across the
+        # memo, requires_grad, .grad) made volatile again. That plain tensor is a detached
+        # leaf with this one's flags: an as_subclass alias of a tensor that requires grad is
+        # a non-leaf, which torch refuses to deep-copy (and so it does for a non-leaf here).
         if id(self) not in memo:
-            memo[id(self)] = copy.deepcopy(self.as_subclass(_plain), memo).as_subclass(
-                VolatileTensor
-            )
+            if self.is_leaf:
+                plain = _make_subclass(_plain, self, self.requires_grad)
+                plain.grad = self.grad
+            else:
+                plain = self.as_subclass(_plain)  # raises torch's own "graph leaves" error
+            twin = copy.deepcopy(plain, memo)
+            result = _make_subclass(VolatileTensor, twin, twin.requires_grad)
+            result.grad = twin.grad
+            if self.__dict__:
+                result.__dict__ = copy.deepcopy(self.__dict__, memo)
+            memo[id(self)] = result
         return memo[id(self)]
 
+    @property
+    def _is_param(self) -> bool:
+        return False
 
-def _as_volatile(ret: Any) -> Any:
+    @_is_param.setter
+    def _is_param(self, value: bool) -> None:
+        # nn.Parameter(x) of a Tensor subclass returns x.detach().requires_grad_() flagged
+        # with _is_param = True (torch/nn/parameter.py), which would leave a parameter whose
+        # every op runs under no_grad: it would never train. A parameter is a new leaf,
+        # not a result computed from x, so it becomes the plain Parameter that
+        # nn.Parameter(x) of a plain x is (both made by _make_subclass: a detached leaf
+        # sharing x's memory). 0.3's Parameter(Variable) raised; this never ran there.
+        if value:
+            object.__setattr__(self, "__class__", _Parameter)
+
+
+def _as_volatile(ret: Any, args: Sequence[Any] = (), kwargs: Optional[Dict] = None) -> Any:
     """Tensor results (also inside tuples and lists) as volatile tensors, as
     ``Tensor.__torch_function__``'s ``_convert`` wraps them, but not as a differentiable view:
     ``as_subclass`` returns an alias, a view whose ``detach_()`` torch refuses ("Can't detach
     views in-place"), where the same result computed under ``torch.no_grad()`` is no view. A
-    volatile result has no history, so it is made the detached tensor it is."""
+    volatile result has no history, so it is made the detached tensor it is. A result that
+    is one of the op's own arguments (an in-place target, ``out=``, ``x.to()`` of nothing to
+    change) is no new tensor: it is returned as itself, as under ``torch.no_grad()``
+    (``_convert`` would alias it, so ``m.weight += v`` would rebind a Parameter)."""
     if isinstance(ret, _plain):
-        return ret if isinstance(ret, VolatileTensor) else _make_subclass(VolatileTensor, ret)
+        if isinstance(ret, VolatileTensor):
+            return ret
+        for arg in args:  # inlined: this runs for every result of every op
+            if arg is ret:
+                return ret
+        if kwargs and _is_out(ret, kwargs):
+            return ret
+        return _make_subclass(VolatileTensor, ret)
     if isinstance(ret, (tuple, list)):
         # Also namedtuples of results (torch.return_types take one iterable)
-        return type(ret)(_as_volatile(r) for r in ret)
+        return type(ret)(_as_volatile(r, args, kwargs) for r in ret)
     return ret
+
+
+def _is_out(ret: torch.Tensor, kwargs: Dict[str, Any]) -> bool:
+    """Whether ``ret`` is a keyword argument or one of a tuple of them (``out=(v, i)``)."""
+    for arg in kwargs.values():
+        if arg is ret or (isinstance(arg, (tuple, list)) and any(a is ret for a in arg)):
+            return True
+    return False
 
 
 def volatile(data: torch.Tensor) -> VolatileTensor:

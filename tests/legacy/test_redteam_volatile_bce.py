@@ -1,7 +1,8 @@
 """Red team: ``st.legacy.volatile`` (the ``Variable(x, volatile=True)`` shim, results made with
 ``Tensor._make_subclass``) and ST028 ``legacy-bce-target-shape``'s unsafe fix.
 
-Confirmed defects that are not fixed yet are ``xfail(strict=True)``; the rest pin what held."""
+Confirmed defects that are not fixed yet would be ``xfail(strict=True)``; the rest pin what held
+and what was fixed (tests/legacy/test_legacy_volatile_no_grad.py compares with ``torch.no_grad()``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import textwrap
 import warnings
 from typing import Any, Dict
 
-import pytest
 import torch
 import torch.nn as nn
 
@@ -71,55 +71,49 @@ def test_requires_grad_on_a_volatile_result_still_records_nothing() -> None:
     assert not (y * 2).requires_grad
 
 
-# --- st.legacy.volatile: defects -------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: VolatileTensor.data is an as_subclass alias "
-    "(a view), so .data.detach_() raises 'Can't detach views in-place'",
-)
+# --- st.legacy.volatile: defects (fixed) ----------------------------------------------------
 def test_data_of_a_volatile_tensor_detaches_in_place_like_plain_data() -> None:
+    # red team: .data was an as_subclass alias (a view): "Can't detach views in-place"
     torch.ones(2).data.detach_()  # plain torch
-    (V(torch.ones(2)) * 1).data.detach_()
+    y = V(torch.ones(2)) * 1
+    data = y.data
+    assert data.detach_() is data and type(data) is torch.Tensor and not data._is_view()
+    assert data.data_ptr() == y.data_ptr()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: deepcopy of a VolatileTensor that requires "
-    "grad (nn.Parameter(volatile(x)), requires_grad_()) raises: __deepcopy__ "
-    "deep-copies an as_subclass alias, a non-leaf",
-)
 def test_deepcopy_of_a_volatile_tensor_that_requires_grad() -> None:
+    # red team: __deepcopy__ deep-copied an as_subclass alias, a non-leaf when it requires grad
     v = V(torch.ones(2)).requires_grad_()
-    assert copy.deepcopy(v).requires_grad
+    v.grad = torch.full((2,), 3.0)
+    c = copy.deepcopy(v)
+    assert type(c) is st.legacy.VolatileTensor and c.requires_grad and c.is_leaf
+    assert c.grad is not None and c.grad.tolist() == [3.0, 3.0] and c.grad is not v.grad
+    assert c.data_ptr() != v.data_ptr()
+    assert not (c * torch.ones(2, requires_grad=True)).requires_grad  # still volatile
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: nn.Parameter(volatile(x)) is a VolatileTensor "
-    "Parameter: every op on it runs under no_grad, so it silently never trains "
-    "(0.3 refused Parameter(Variable) outright)",
-)
 def test_a_parameter_made_from_a_volatile_tensor_trains_or_raises() -> None:
-    try:
-        p = nn.Parameter(V(torch.ones(2)))
-    except (TypeError, RuntimeError):
-        return
+    # red team: nn.Parameter(volatile(x)) was a VolatileTensor flagged _is_param: every op on
+    # it ran under no_grad, so it silently never trained (0.3 refused Parameter(Variable))
+    x = torch.ones(2)
+    p = nn.Parameter(V(x))
+    assert type(p) is nn.Parameter and p.requires_grad and p.is_leaf
+    assert p.data_ptr() == x.data_ptr()
     (p * 2).sum().backward()
-    assert p.grad is not None
+    assert p.grad is not None and p.grad.tolist() == [2.0, 2.0]
+    torch.optim.SGD([p], lr=0.5).step()
+    assert p.tolist() == [0.0, 0.0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: an in-place op on a plain tensor with a "
-    "volatile operand returns a new VolatileTensor, not self; m.weight += v then "
-    "raises TypeError after weight was already changed",
-)
 def test_in_place_op_with_a_volatile_operand_returns_self() -> None:
+    # red team: the in-place target came back as a new VolatileTensor alias, not self;
+    # m.weight += v then raised TypeError after weight was already changed
     w = torch.ones(3)
-    assert w.add_(V(torch.ones(3))) is w
+    assert w.add_(V(torch.ones(3))) is w and type(w) is torch.Tensor
     m = nn.Linear(2, 2)
+    before = m.weight
     m.weight += V(torch.ones(2, 2))  # `with torch.no_grad(): m.weight += t` works
-    assert isinstance(m.weight, nn.Parameter)
+    assert m.weight is before and type(m.weight) is nn.Parameter and m.weight.requires_grad
 
 
 # --- ST028: what held -------------------------------------------------------------------------
