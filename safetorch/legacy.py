@@ -584,7 +584,9 @@ class VolatileTensor(torch.Tensor):
     equality are a plain tensor's (by identity, elementwise). An in-place target or an
     ``out=`` tensor is returned as itself, volatile or not, as under ``torch.no_grad()``;
     ``nn.Parameter(x)`` of a volatile ``x`` is a plain ``Parameter`` that trains, as
-    ``nn.Parameter`` of a tensor computed under ``torch.no_grad()`` is.
+    ``nn.Parameter`` of a tensor computed under ``torch.no_grad()`` is. ``x.volatile =
+    False`` makes ``x`` a plain tensor (0.3 cleared the flag the same way), so a target
+    computed without a graph can enter a loss that has one.
 
     >>> import torch, safetorch as st
     >>> w = torch.ones(2, requires_grad=True)
@@ -593,7 +595,21 @@ class VolatileTensor(torch.Tensor):
     (False, True, 'Tensor')
     """
 
-    volatile = True
+    @property
+    def volatile(self) -> bool:
+        """True: results computed from this tensor record no graph."""
+        return True
+
+    @volatile.setter
+    def volatile(self, value: bool) -> None:
+        # 0.3 let a leaf's flag be cleared (``next_q.volatile = False``, the DDPG/DQN idiom
+        # to use a target computed without a graph in a loss that has one): the tensor
+        # becomes a plain one, a leaf that needs no grad, so ops mixing it with tensors that
+        # require grad record a graph again. Setting True again is a no-op.
+        if not isinstance(value, bool):
+            raise TypeError(f"volatile must be a bool, got {type(value).__name__} ({value!r})")
+        if not value:
+            object.__setattr__(self, "__class__", _plain)
 
     @classmethod
     def __torch_function__(

@@ -207,3 +207,47 @@ def test_an_out_tuple_and_an_unchanged_to_return_the_arguments_as_under_no_grad(
     w = torch.ones(2, 3)
     assert w.to(V(x)) is w and w.type_as(V(x)) is w  # nothing to change: w itself
     assert type(w.to(V(x.double()))) is legacy.VolatileTensor  # a new tensor computed from it
+
+
+@settings(max_examples=25, deadline=None)
+@given(_pair(max_dims=2), hst.floats(0.0, 1.0))
+def test_clearing_volatile_lets_a_no_graph_target_enter_a_loss_as_under_no_grad(
+    pair: Tuple[torch.Tensor, torch.Tensor], gamma: float
+) -> None:
+    # The DDPG/DQN idiom of 0.3: next_q = critic(Variable(s2, volatile=True)); then
+    # next_q.volatile = False; target = r + gamma * next_q; loss(q, target).backward().
+    state, reward = pair
+
+    def critic_and_q() -> Tuple[nn.Linear, torch.Tensor]:
+        torch.manual_seed(0)
+        critic = nn.Linear(1, 1)
+        return critic, critic(state.reshape(-1, 1)).reshape(state.shape)
+
+    critic_a, q_a = critic_and_q()
+    with torch.no_grad():
+        modern_next = critic_a(state.reshape(-1, 1) * 0.5).reshape(state.shape)
+    ((q_a - (reward + gamma * modern_next)) ** 2).sum().backward()
+
+    critic_b, q_b = critic_and_q()
+    legacy_next = critic_b(V(state.reshape(-1, 1) * 0.5)).reshape(state.shape)
+    assert legacy_next.volatile
+    legacy_next.volatile = False
+    assert type(legacy_next) is torch.Tensor and _flags(legacy_next) == _flags(modern_next)
+    loss = ((q_b - (reward + gamma * legacy_next)) ** 2).sum()
+    assert loss.grad_fn is not None
+    loss.backward()
+    for a, b in zip(critic_a.parameters(), critic_b.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_volatile_flag_takes_only_a_bool_and_true_keeps_it_volatile() -> None:
+    v = V(torch.ones(2))
+    v.volatile = True
+    assert type(v) is legacy.VolatileTensor and v.volatile
+    try:
+        v.volatile = 0  # type: ignore[assignment]
+    except TypeError as e:
+        assert "volatile must be a bool" in str(e)
+    else:
+        raise AssertionError("volatile = 0 was accepted")
+    assert (V(torch.ones(2)) * 2).volatile  # still infectious until cleared

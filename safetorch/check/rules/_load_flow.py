@@ -728,10 +728,18 @@ def gather_saves(tree: ast.Module, path: str) -> Tuple[Save, ...]:
     file = _File(tree, path)
     found: List[Save] = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or len(node.args) + len(node.keywords) < 2:
+        if not isinstance(node, ast.Call):
             continue
         qual = file.qual(node.func)
         scope = file.scope_of(node)
+        if qual in _SAVES and (
+            any(isinstance(a, ast.Starred) for a in node.args)
+            or any(k.arg is None for k in node.keywords)
+        ):
+            found.append(_forwarded_save(node, scope, path))
+            continue
+        if len(node.args) + len(node.keywords) < 2:
+            continue
         if qual in _SAVES:
             value = node.args[0] if node.args else _keyword(node, "obj")
             target = node.args[1] if len(node.args) > 1 else _keyword(node, "f")
@@ -764,6 +772,37 @@ def gather_saves(tree: ast.Module, path: str) -> Tuple[Save, ...]:
             )
         )
     return tuple(found)
+
+
+# The path of a save whose arguments come through ``*args``: it may write any file.
+_ANY_PATH = Shape(None, "", "", "*args")
+
+
+def _forwarded_save(node: ast.Call, scope: Scope, path: str) -> Save:
+    """``torch.save(*args, **kwargs)``: a wrapper (``save_on_master``) that writes whatever
+    its callers pass, to any path. Where it forwards its own ``*args``, what it holds is the
+    first argument of each call of the wrapper (followed one level, like a parameter);
+    otherwise it is unknown."""
+    name = _function_name(scope)
+    vararg = getattr(getattr(scope, "args", None), "vararg", None)
+    first = node.args[0] if node.args else None
+    if (
+        name
+        and vararg is not None
+        and isinstance(first, ast.Starred)
+        and isinstance(first.value, ast.Name)
+        and first.value.id == vararg.arg
+    ):
+        return Save(path, node.lineno, _ANY_PATH, None, frozenset({(name, 0, "obj")}), False, name)
+    return Save(
+        path,
+        node.lineno,
+        _ANY_PATH,
+        "values passed through *args/**kwargs, which are not followed",
+        frozenset(),
+        False,
+        name,
+    )
 
 
 def _keyword(call: ast.Call, name: str) -> Optional[ast.expr]:
