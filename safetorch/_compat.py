@@ -235,15 +235,18 @@ HAS_DCP: bool = _flag(
     "importlib.util.find_spec('torch.distributed.checkpoint')",
 )
 
-# dcp.save / dcp.load (with checkpoint_id=, and without a process group) replaced
-# save_state_dict / load_state_dict (which need no_dist=True without one). A release check:
-# detecting it means importing torch.distributed.checkpoint (~0.3 s) at import time.
+# dcp.save / dcp.load with checkpoint_id= and without a process group (they assume one process
+# when none is initialized) replaced save_state_dict / load_state_dict (which need no_dist=True
+# without one) in 2.3. 2.1 has only save_state_dict / load_state_dict; 2.2's save / load take the
+# storage writer / reader positionally, no checkpoint_id=, and still need no_dist=True, so 2.2
+# takes the older branch. A release check: detecting it means importing
+# torch.distributed.checkpoint (~0.3 s) at import time.
 DCP_HAS_SAVE_LOAD: bool = _flag(
     "DCP_HAS_SAVE_LOAD",
-    HAS_DCP and TORCH_RELEASE >= (2, 2),
-    "2.2",
+    HAS_DCP and TORCH_RELEASE >= (2, 3),
+    "2.3",
     "torch/distributed/checkpoint/state_dict_saver.py",
-    "release >= 2.2 (importing DCP to look costs ~0.3 s)",
+    "release >= 2.3 (importing DCP to look costs ~0.3 s)",
 )
 
 # Triton, which torch's CUDA wheels install (pytorch-triton, a dependency since torch 2.0): the

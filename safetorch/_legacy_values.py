@@ -205,8 +205,9 @@ class ScalarArray(_NDARRAY):
     ``repr`` and pickling are a plain 0-d array's.
 
     >>> import torch, safetorch as st
-    >>> st.legacy.numpy(torch.tensor(1.5))[0]
-    np.float32(1.5)
+    >>> loss = st.legacy.numpy(torch.tensor(1.5))[0]  # a NumPy scalar, as 0.3 gave
+    >>> type(loss).__name__, float(loss)
+    ('float32', 1.5)
     """
 
     def __getitem__(self, index: Any) -> Any:

@@ -197,7 +197,7 @@ def dcp_load(
     only). Every DCP failure, including its ``CheckpointException`` (a ``BaseException``), is
     a ``CheckpointError`` naming the directory.
 
-    torch 2.2+ has ``dcp.load``, which works without a process group; before it,
+    torch 2.3+ has ``dcp.load`` that works without a process group; before it,
     ``dcp.load_state_dict`` needs ``no_dist=True`` when no group is initialized.
     """
     import torch.distributed.checkpoint as dcp

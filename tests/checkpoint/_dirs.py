@@ -148,16 +148,40 @@ class Evil:
 
 
 # --- DCP -------------------------------------------------------------------------------------
+# What the release offers on one process: dcp.save / dcp.load with checkpoint_id= (torch 2.3+),
+# before it save_state_dict / load_state_dict with no_dist=True (safetorch._compat.
+# DCP_HAS_SAVE_LOAD); both run DCP's default planner.
 def save_dcp(obj: Mapping[str, Any], directory: str) -> None:
     import torch.distributed.checkpoint as dcp
+
+    from safetorch import _compat
 
     logging.disable(logging.INFO)  # DCP's own logger is chatty at DEBUG
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dcp.save(dict(obj), checkpoint_id=directory)
+            if _compat.DCP_HAS_SAVE_LOAD:
+                dcp.save(dict(obj), checkpoint_id=directory)
+            else:
+                writer = dcp.FileSystemWriter(directory)
+                dcp.save_state_dict(dict(obj), storage_writer=writer, no_dist=True)
     finally:
         logging.disable(logging.NOTSET)
+
+
+def load_dcp(state_dict: Dict[str, Any], directory: str) -> None:
+    """torch's own DCP load into ``state_dict``, in place: DCP's default planner and reader."""
+    import torch.distributed.checkpoint as dcp
+
+    from safetorch import _compat
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if _compat.DCP_HAS_SAVE_LOAD:
+            dcp.load(state_dict, checkpoint_id=directory)
+        else:
+            reader = dcp.FileSystemReader(directory)
+            dcp.load_state_dict(state_dict, storage_reader=reader, no_dist=True)
 
 
 def read_metadata(directory: str) -> Any:

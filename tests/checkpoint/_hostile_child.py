@@ -182,17 +182,13 @@ def _face(spec: Dict[str, Any], model: Any) -> Dict[str, Any]:
                 "names_path": path in err or os.path.basename(path) in err,
             }
         elif face == "torch_dcp_load":
-            import torch.distributed.checkpoint as dcp
+            import _dirs
 
             sd = model.state_dict()
             target = {spec["container_key"]: sd} if spec.get("container_key") else sd
             if spec.get("container_key"):
                 target.update(spec.get("container_extra", {}))
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                dcp.load(target, checkpoint_id=path)  # DCP's default planner and reader
+            _dirs.load_dcp(target, path)  # DCP's default planner and reader
             model.load_state_dict(sd)
             out = {"outcome": "loaded"}
         elif face == "torch_load":
@@ -263,19 +259,14 @@ def _reference(target: str, model_name: str) -> Dict[str, Any]:
     """What the trusted readers safetorch replaces give for the same (mutated) bytes: DCP's
     default planner (the small model has no bytes entries), torch.load(weights_only=True)
     per .bin shard, safetensors.torch.load_file per .safetensors file."""
-    import warnings
 
     import _dirs
     import torch
 
     names = sorted(os.listdir(target))
     if ".metadata" in names:
-        import torch.distributed.checkpoint as dcp
-
         sd = _dirs.make_model(model_name, 0).state_dict()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            dcp.load(sd, checkpoint_id=target)
+        _dirs.load_dcp(sd, target)
         return {k: v.detach().clone() for k, v in sd.items()}
     out: Dict[str, Any] = {}
     for n in names:

@@ -33,6 +33,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
+from safetorch import _compat
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(HERE, "_hostile_child.py")
 _spec = importlib.util.spec_from_file_location(
@@ -42,12 +44,9 @@ assert _spec is not None and _spec.loader is not None
 D = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(D)
 
-try:
-    import torch.distributed.checkpoint  # noqa: F401
-
-    HAS_DCP = hasattr(torch.distributed.checkpoint, "save")
-except ImportError:  # pragma: no cover - torch without distributed
-    HAS_DCP = False
+# DCP directories are written and read with what the release offers (_dirs.save_dcp/load_dcp)
+HAS_DCP = _compat.HAS_DCP
+DCP_REASON = "needs torch.distributed.checkpoint (public from torch 2.0)"
 try:
     import safetensors.torch  # noqa: F401
 
@@ -55,7 +54,7 @@ try:
 except ImportError:  # pragma: no cover
     HAS_SAFETENSORS = False
 
-needs_dcp = pytest.mark.skipif(not HAS_DCP, reason="needs torch.distributed.checkpoint.save")
+needs_dcp = pytest.mark.skipif(not HAS_DCP, reason=DCP_REASON)
 needs_safetensors = pytest.mark.skipif(
     not HAS_SAFETENSORS,
     reason="needs the safetensors package (pip install 'safetorch[safetensors]')",
@@ -286,7 +285,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_untampered_layout_loads_exactly(tmp_path, run_case, layout):
     if layout == "dcp" and not HAS_DCP:
-        pytest.skip("needs torch.distributed.checkpoint.save")
+        pytest.skip(DCP_REASON)
     if layout in ("st_index", "hf") and not HAS_SAFETENSORS:
         pytest.skip("needs the safetensors package (pip install 'safetorch[safetensors]')")
     d = LAYOUTS[layout](tmp_path)
@@ -413,7 +412,7 @@ FIFO_PLACES = [
 @pytest.mark.parametrize("where", FIFO_PLACES)
 def test_fifo_in_a_layout_is_refused_without_hanging(tmp_path, run_case, where, face):
     if where.startswith("dcp") and not HAS_DCP:
-        pytest.skip("needs torch.distributed.checkpoint.save")
+        pytest.skip(DCP_REASON)
     path = _fifo_case(tmp_path, where)
     r = run_case(face, path, expected=TRUSTED, timeout=FIFO_DEADLINE)
     assert r["status"] != "timeout", f"hung on a FIFO ({where}): " + summary(r)
@@ -702,7 +701,7 @@ def test_averaged_model_state_loads(tmp_path, run_case, layout, target):
     d = tmp_path / "avg"
     if layout == "dcp":
         if not HAS_DCP:
-            pytest.skip("needs torch.distributed.checkpoint.save")
+            pytest.skip(DCP_REASON)
         D.save_dcp(AVERAGED, str(d))
     else:
         if not HAS_SAFETENSORS:
@@ -756,7 +755,7 @@ MUTATION = hst.tuples(
        mutations=hst.lists(MUTATION, min_size=6, max_size=12))  # fmt: skip
 def test_fuzz_mutated_layouts_refuse_or_load_exactly(children, fuzz_bases, layout, mutations):
     if layout not in fuzz_bases:
-        pytest.skip("needs torch.distributed.checkpoint.save")
+        pytest.skip(DCP_REASON)
     root: Path = fuzz_bases["_root"]
     _COUNTER[0] += 1
     scratch = root / f"scratch{_COUNTER[0]}"

@@ -49,7 +49,7 @@ def _dcp_save(state, path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
-        if hasattr(dcp, "save"):
+        if _compat.DCP_HAS_SAVE_LOAD:  # 2.2's dcp.save takes no checkpoint_id=
             dcp.save(state, checkpoint_id=str(path))
         else:
             dcp.save_state_dict(state, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)

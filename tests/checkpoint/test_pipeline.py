@@ -24,6 +24,7 @@ import pytest
 import torch
 from torch import nn
 
+from safetorch import _compat
 from safetorch.checkpoint import _conversions, _layouts, _reader, _resolve, model_state
 from safetorch.checkpoint.report import LoadReport
 
@@ -65,11 +66,17 @@ def _bin_index(sd: dict, where: Path) -> Path:
 
 
 def _dcp(sd: dict, where: Path) -> Path:
+    """A DCP directory written by torch itself, with what the release offers on one process:
+    ``dcp.save(checkpoint_id=)`` (2.3+), before it ``save_state_dict(no_dist=True)``."""
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # DCP's single-process notes
-        dcp.save(dict(sd), checkpoint_id=str(where / "dcp"))
+        warnings.simplefilter("ignore")  # DCP's single-process notes, 2.2's deprecation
+        if _compat.DCP_HAS_SAVE_LOAD:
+            dcp.save(dict(sd), checkpoint_id=str(where / "dcp"))
+        else:
+            writer = dcp.FileSystemWriter(str(where / "dcp"))
+            dcp.save_state_dict(dict(sd), storage_writer=writer, no_dist=True)
     return where / "dcp"
 
 
@@ -218,6 +225,8 @@ def test_a_cold_load_imports_only_what_its_layout_needs(layout: str, tmp_path: P
     needed = {"safetorch.checkpoint._dcp", "safetorch.checkpoint._dcp_load"}
     if layout == "DCP directory":
         needed.add("torch.distributed.checkpoint")
+        if not _compat.DCP_HAS_SAVE_LOAD:  # load_state_dict needs no_dist= when no group is up
+            needed.add("safetorch._dist")
     unneeded = [m for m in _NOT_FOR_A_FILE if m in imported and m not in needed]
     assert not unneeded, f"a cold load of a {layout} imported {unneeded}"
     if layout == "DCP directory":

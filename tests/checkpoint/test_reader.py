@@ -29,7 +29,7 @@ def _dcp_save(obj, path):
     import torch.distributed.checkpoint as dcp
 
     with _dcp_load._single_process_quiet():
-        if hasattr(dcp, "save"):
+        if _compat.DCP_HAS_SAVE_LOAD:  # 2.2's dcp.save takes no checkpoint_id=
             dcp.save(obj, checkpoint_id=str(path))
         else:
             dcp.save_state_dict(obj, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)

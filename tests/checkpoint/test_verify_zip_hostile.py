@@ -4,8 +4,9 @@ checkpoint for where it came from", item 7).
 Python's ``zipfile`` (which ``verify`` reads) and torch's reader (miniz, which ``torch.load``
 reads) resolve an archive differently where its layout is ambiguous: ``zipfile`` allows for data
 prepended to an archive (it shifts every offset), miniz takes the offsets as written and follows
-the zip64 locator; ``zipfile`` reads the central directory by size, miniz by entry count; two
-entries of one name resolve to different ones. Each archive here is built from ``torch.save``
+the zip64 locator; ``zipfile`` reads the central directory by size, miniz by entry count; of
+two entries of one name, ``zipfile`` reads the last and torch's reader, depending on the release,
+the last or the first. Each archive here is built from ``torch.save``
 bytes, loaded side by side with ``torch.load(path, weights_only=True)``, and refused by verify.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 import zipfile
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -94,7 +96,10 @@ def _stored(name: str, payload: bytes) -> Record:
 
 def _torch_sees(path: Path) -> object:
     try:
-        return torch.load(path, weights_only=True)["w"]
+        with warnings.catch_warnings():
+            # torch's own TypedStorage use warns in some 2.x loaders (2.1.2's), once per process
+            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
+            return torch.load(path, weights_only=True)["w"]
     except Exception as exc:  # noqa: BLE001 - what torch does is the point
         return type(exc)
 
@@ -171,7 +176,11 @@ def test_two_entries_of_one_name(tmp_path: Path) -> None:
     seen = _torch_sees(path)
     assert isinstance(seen, torch.Tensor)
     assert torch.equal(_zipfile_sees(data), EVIL)  # zipfile: the last entry of a name
-    assert torch.equal(seen, GOOD)  # torch (miniz): another one
+    # torch's reader picks one of them, which one depends on the release (measured: 2.1.2 reads
+    # the last, as zipfile does; 2.13 the first): the name does not say which bytes load
+    assert torch.equal(seen, GOOD) or torch.equal(seen, EVIL)
+    # without verify=, st.load reads the record torch's own loader reads on this release
+    assert torch.equal(st.load(path)["w"], seen)
     assert verify_file(_write(tmp_path, "ok.pt", _compose(records))).ok  # the composer is sound
     _refused(path, "two entries are named")
 

@@ -1,7 +1,7 @@
 """Without numpy (torch does not require it): the README's first block, resume state, a trusted
 whole-model file and ``safetorch doctor`` work in a process where ``import numpy`` fails.
 
-The child gets a ``sitecustomize`` on ``PYTHONPATH`` whose meta-path finder refuses numpy,
+The child gets a ``sitecustomize`` on ``PYTHONPATH`` whose meta-path finders find no numpy,
 as a clean install without it would (torch then warns "Failed to initialize NumPy" at import,
 its own warning, left alone here).
 """
@@ -19,16 +19,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Every finder answers for numpy as where it is not installed: no spec (None), so
+# importlib.util.find_spec("numpy") is None and `import numpy` raises ModuleNotFoundError. A
+# finder that raises from find_spec instead is no install's behaviour: torch 2.1's dynamo asks
+# find_spec for numpy at import (torch/_dynamo/skipfiles.py) and would fail only here.
 _BLOCKER = """
 import sys
 
 class _NoNumpy:
+    def __init__(self, finder):
+        self.finder = finder
+
     def find_spec(self, name, path=None, target=None):
         if name == "numpy" or name.startswith("numpy."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
+            return None
+        return self.finder.find_spec(name, path, target)
 
-sys.meta_path.insert(0, _NoNumpy())
+    def invalidate_caches(self):
+        if hasattr(self.finder, "invalidate_caches"):
+            self.finder.invalidate_caches()
+
+sys.meta_path[:] = [_NoNumpy(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
 """
 
 
@@ -54,6 +65,8 @@ def _readme_first_block() -> tuple:
 def test_numpy_is_blocked_in_the_child(tmp_path: Path) -> None:
     out = _run_without_numpy(tmp_path, "-c", "import numpy")
     assert out.returncode != 0 and "No module named 'numpy'" in out.stderr
+    look = "import importlib.util; assert importlib.util.find_spec('numpy') is None"
+    assert _run_without_numpy(tmp_path, "-c", look).returncode == 0  # as where it is absent
 
 
 def test_readme_first_block_runs_without_numpy(tmp_path: Path) -> None:

@@ -85,10 +85,41 @@ def _pip_installs_into_another_python() -> bool:
         return False
 
 
+def _unmet_build_requirements() -> List[str]:
+    """The pyproject's ``[build-system] requires`` this environment does not satisfy.
+
+    ``--no-build-isolation`` builds with whatever backend is installed here, and an old one fails
+    for reasons that hide the cause (setuptools 58 reads no ``[project]`` table and has no
+    ``bdist_wheel``), so the fixture names what is missing instead.
+    """
+    from packaging.requirements import Requirement
+
+    if sys.version_info >= (3, 11):
+        import tomllib as toml
+    else:  # pytest itself requires tomli, tomllib's backport, before Python 3.11
+        import tomli as toml
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        requires = toml.load(file)["build-system"]["requires"]
+    unmet = []
+    for text in requires:
+        requirement = Requirement(text)
+        try:
+            have = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            unmet.append(f"{text} (not installed)")
+            continue
+        if not requirement.specifier.contains(have, prereleases=True):
+            unmet.append(f"{text} (installed: {have})")
+    return unmet
+
+
 @pytest.fixture(scope="module")
 def clean_venv(tmp_path_factory: Any) -> Dict[str, Any]:
     if not _pip_installs_into_another_python():
         pytest.skip("this environment's pip is missing or older than 22.3 (no --python)")
+    unmet = _unmet_build_requirements()
+    if unmet:  # the wheel is built offline, without build isolation: the backend must be here
+        pytest.skip(f"the wheel's build backend is not installed here: needs {', '.join(unmet)}")
     work = tmp_path_factory.mktemp("wheel-docs")
     src = work / "src"
     src.mkdir()
@@ -100,7 +131,7 @@ def clean_venv(tmp_path_factory: Any) -> Dict[str, Any]:
     wheels = work / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-        + ["--no-index", "--wheel-dir", str(wheels), str(src)],
+        + ["--check-build-dependencies", "--no-index", "--wheel-dir", str(wheels), str(src)],
         check=True,
         capture_output=True,
         timeout=300,
