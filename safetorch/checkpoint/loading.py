@@ -19,7 +19,6 @@ from typing import (
     Callable,
     Dict,
     Iterable,
-    Iterator,
     List,
     Mapping,
     Optional,
@@ -32,6 +31,11 @@ from safetorch import _compat
 from safetorch._stack import user_stacklevel
 from safetorch._text import escape
 from safetorch.checkpoint import _bytes, _formats, _reader, _scan, _unpickler
+from safetorch.checkpoint._common import (  # re-exported: the same objects
+    MapToAvailable,
+    _first_line,
+    _torch_internals_quiet,
+)
 from safetorch.errors import (
     CheckpointError,
     CheckpointFileNotFoundError,
@@ -52,34 +56,6 @@ _torch_load = torch.load
 
 PathLike = Union[str, "os.PathLike[str]"]
 FileLike = Union[PathLike, IO[bytes]]
-
-
-# torch's own deprecation warnings raised from inside torch.load/torch.save, not about anything
-# the caller did: torch 2.0-2.x warn "TypedStorage is deprecated" from torch/storage.py while
-# loading (once per process). Filtered by message only, around safetorch's own calls.
-_TORCH_INTERNAL_WARNINGS = ("TypedStorage is deprecated",)
-
-
-@contextlib.contextmanager
-def _torch_internals_quiet() -> Iterator[None]:
-    """Hide torch-internal deprecation warnings raised inside safetorch's own torch calls.
-
-    torch warns about TypedStorage once per process; a warning hidden here does not use up
-    that one warning, so user code touching TypedStorage still sees it.
-    """
-    once = getattr(getattr(torch, "storage", None), "_warn_typed_storage_removal", None)
-    had = once.__dict__.get("has_warned") if once is not None else None
-    with warnings.catch_warnings():
-        for message in _TORCH_INTERNAL_WARNINGS:
-            warnings.filterwarnings("ignore", message=message, category=UserWarning)
-        try:
-            yield
-        finally:
-            if once is not None:
-                if had is None:
-                    once.__dict__.pop("has_warned", None)
-                else:
-                    once.__dict__["has_warned"] = had
 
 
 def _quiet_torch_load(*args: Any, **kwargs: Any) -> Any:
@@ -258,11 +234,6 @@ def _check_file_argument(f: Any, function: str = "st.load") -> None:
         )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
 class _ZipFacts:
     """What load needs to know about a zip checkpoint, read from its central directory."""
 
@@ -411,39 +382,6 @@ def _failure_reason(exc: BaseException) -> str:
     if isinstance(exc, (RuntimeError, OSError)):
         return "torch could not rebuild its tensors (truncated or corrupt storage data)"
     return "its contents are malformed"
-
-
-class MapToAvailable:
-    """A ``map_location`` for checkpoints that may come from another machine: storages saved on
-    CUDA load on the CPU where this machine has no CUDA (torch's default raises "Attempting to
-    deserialize object on a CUDA device but torch.cuda.is_available() is False"); everything
-    else loads where torch would put it. ``mapped`` counts the storages it moved.
-
-    ``st.load(f, map_location="available")`` uses one; ``torch.load`` accepts one too. The
-    ``load`` patch passes one when a legacy ``torch.load(f)`` call gives no ``map_location``.
-
-    >>> import io, torch
-    >>> from safetorch.checkpoint import MapToAvailable
-    >>> buf = io.BytesIO(); torch.save({"w": torch.ones(2)}, buf); _ = buf.seek(0)
-    >>> where = MapToAvailable()
-    >>> torch.load(buf, map_location=where, weights_only=True)["w"].device, where.mapped
-    (device(type='cpu'), 0)
-    """
-
-    __slots__ = ("mapped", "_cuda")
-
-    def __init__(self) -> None:
-        self.mapped = 0
-        self._cuda = torch.cuda.is_available()
-
-    def __call__(self, storage: Any, location: str) -> Any:
-        if not self._cuda and str(location).startswith("cuda"):
-            self.mapped += 1
-            return storage  # deserialized on the CPU: keep it there
-        return None  # torch's default_restore_location
-
-    def __repr__(self) -> str:
-        return f"MapToAvailable(mapped={self.mapped})"
 
 
 def load(

@@ -19,6 +19,7 @@ import types
 import zipfile
 from typing import (
     IO,
+    TYPE_CHECKING,
     Any,
     Callable,
     FrozenSet,
@@ -33,14 +34,19 @@ import torch
 from torch import nn
 
 from safetorch import _dist
-from safetorch._atomic import atomic_write
-from safetorch.checkpoint import _formats, _provenance, _reader, _scan, _unpickler
-from safetorch.checkpoint.keys import is_state_dict, strip_wrapper_prefixes, unwrap_model
-from safetorch.checkpoint.loading import PathLike, _first_line, _torch_internals_quiet
-from safetorch.checkpoint.verify import zip_layout_problem
+from safetorch.checkpoint import _formats, _provenance, _unpickler
+from safetorch.checkpoint._common import _first_line, _torch_internals_quiet
 from safetorch.errors import (
     CheckpointError,
 )
+
+if TYPE_CHECKING:
+    from safetorch.checkpoint.loading import PathLike
+
+# What st.save needs is imported above: the patched torch.save imports this module at a
+# program's first save. The scanner, the file reader, the zip verifier, the key helpers and
+# the atomic writer are imported by the functions that use them (trust, an unsure pickle,
+# save_checkpoint), so a plain torch.save never imports st.load's machinery.
 
 __all__ = ["save", "save_checkpoint", "trust", "untrust", "Trusted", "on_rank0"]
 
@@ -74,6 +80,8 @@ def needs_trust(data: bytes) -> bool:
     >>> needs_trust(pickle.dumps(NamedTuple, protocol=2))
     True
     """
+    from safetorch.checkpoint import _scan
+
     result = _scan.ScanResult()
     complete = _scan.scan_pickle(io.BytesIO(data), result)
     return (
@@ -260,6 +268,9 @@ def inspect_for_trust(path: PathLike) -> Inspected:
         CheckpointError: the file is missing, not a regular file, or an ambiguous or damaged
             zip archive.
     """
+    from safetorch.checkpoint import _reader, _scan
+    from safetorch.checkpoint.verify import zip_layout_problem
+
     shown = os.fspath(path)
     with _reader.open_regular(path, "checkpoint") as opened:
         data, entry = _provenance.read_hashed(opened.fh)
@@ -341,6 +352,8 @@ def trust_for_run(paths: Iterable[PathLike]) -> None:
     Raises:
         CheckpointError: a file is missing or not a regular file (nothing is trusted then).
     """
+    from safetorch.checkpoint import _reader
+
     tokens = [t for t in os.environ.get(_provenance.RUN_ENV, "").split(",") if t]
     for path in paths:
         with _reader.open_regular(path, "checkpoint") as opened:
@@ -361,6 +374,8 @@ def untrust(path: PathLike) -> bool:
     >>> st.untrust(path), st.untrust(path)
     (True, False)
     """
+    from safetorch.checkpoint import _reader
+
     with _reader.open_regular(path, "checkpoint") as opened:
         entry = _provenance.hash_file(opened.fh)
     return _provenance.forget(entry)
@@ -399,6 +414,8 @@ def on_rank0(fn: Callable[[], Any]) -> Any:
 
 
 def _unwrapped(obj: Any) -> Any:
+    from safetorch.checkpoint.keys import is_state_dict, strip_wrapper_prefixes, unwrap_model
+
     if isinstance(obj, nn.Module):
         return strip_wrapper_prefixes(unwrap_model(obj).state_dict())
     if isinstance(obj, Mapping):
@@ -439,6 +456,8 @@ def save_checkpoint(obj: Any, path: PathLike, *, unwrap: bool = False) -> str:
 
 
 def _save_local(obj: Any, path: PathLike, unwrap: bool) -> str:
+    from safetorch._atomic import atomic_write
+
     payload = _unwrapped(obj) if unwrap else obj
 
     def write(tmp: str) -> None:
@@ -449,6 +468,7 @@ def _save_local(obj: Any, path: PathLike, unwrap: bool) -> str:
 
 def _link_or_copy(src: str, dst: str) -> None:
     """Atomically make ``dst`` a copy of ``src`` (a hard link when the filesystem allows)."""
+    from safetorch._atomic import atomic_write
 
     def write(tmp: str) -> None:
         os.unlink(tmp)

@@ -50,7 +50,9 @@ __all__: list = []
 _NAME = "load"
 _SIGNATURE = inspect.signature(torch.load)
 # Imported at the first patched load or save: a run that never loads never imports them.
+# A full load (weights_only=False) needs only MapToAvailable (_common), not st.load's modules.
 _checkpoint: Any = LazyModule("safetorch.checkpoint")
+_common: Any = LazyModule("safetorch.checkpoint._common")
 _cuda_available = torch.cuda.is_available
 _saving: Any = LazyModule("safetorch.checkpoint.saving")
 _SAVE_SIGNATURE = inspect.signature(torch.save)
@@ -115,7 +117,7 @@ def _load(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, 
     to_cpu = None
     if map_location is None and not _cuda_available():
         # st.load(map_location="available"), keeping the count for the report.
-        map_location = to_cpu = _checkpoint.MapToAvailable()
+        map_location = to_cpu = _common.MapToAvailable()
 
     if weights_only is False:
         if mmap is not None:

@@ -57,6 +57,10 @@ _pin = route(
 
 def _iter_init(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     loader = args[0] if args else kwargs.get("loader")
+    if not getattr(loader, "pin_memory", False):
+        # loader_to_iterate's own first test: nothing to turn off, and a program whose loaders
+        # never pin never imports safetorch.data.
+        return wrapped(*args, **kwargs)
     view = _data.loader_to_iterate(loader)
     if view is loader:
         return wrapped(*args, **kwargs)

@@ -342,6 +342,28 @@ def test_pin_memory_without_accelerator_is_silent_and_unchanged() -> None:
     assert _kinds("pin_memory") == ["DataLoader(pin_memory=True) without accelerator"]
 
 
+def test_pin_memory_a_loader_that_does_not_pin_reaches_torch_untouched(monkeypatch) -> None:
+    # The fast path (no pin_memory): torch's iterator gets the loader object itself, and
+    # st.data's view is never asked for.
+    import safetorch.data
+
+    def refuse(loader: Any) -> Any:
+        raise AssertionError("loader_to_iterate called for a loader that does not pin")
+
+    monkeypatch.setattr(safetorch.data, "loader_to_iterate", refuse)
+    data = [torch.full((2,), float(i)) for i in range(5)]
+    loader = DataLoader(data, batch_size=2, collate_fn=_collate)
+    expected = list(loader)
+    with st.patched("pin_memory"):
+        it = iter(loader)
+        got = list(it)
+    assert it._dataset is loader.dataset and it._pin_memory is False
+    assert [torch.equal(a.x, b.x) and torch.equal(a.y, b.y) for a, b in zip(got, expected)] == [
+        True
+    ] * 3
+    assert _kinds("pin_memory") == []
+
+
 def test_pin_memory_routes_to_st_pin(monkeypatch) -> None:
     import safetorch.data as data_mod
 

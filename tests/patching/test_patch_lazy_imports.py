@@ -170,3 +170,59 @@ def test_the_index_patch_imported_lazily_works_with_torch_compile(tmp_path: Path
         "graph raised: IndexOutOfBoundsError",
     ]
     assert "x[index] -> st.checked_index (cpu)" in proc.stderr
+
+
+# A program's own torch.save / torch.load(weights_only=False) and a DataLoader that does not
+# pin (super_resolution, issue 34) import only what they route to: the writer and the ledger,
+# MapToAvailable; never st.load's scanner, reader and verifier, the key helpers or st.data.
+SAVE_AND_FULL_LOAD = """
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from safetorch.patching import _registry
+
+_registry.enable(_registry.resolve_names([], default_all=True))
+
+
+def loaded():
+    return sorted(m for m in sys.modules if m.startswith(("safetorch.checkpoint", "safetorch.data")))
+
+
+print(sum(len(b) for (b,) in DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)), loaded())
+torch.save(torch.nn.Linear(2, 2), "m.pt")  # a whole model: hashed into the ledger
+print(loaded())
+print(type(torch.load("m.pt", weights_only=False)).__name__, loaded())
+print(type(torch.load("m.pt")).__name__, "safetorch.checkpoint.loading" in sys.modules)
+"""
+
+
+def test_save_and_full_load_import_only_what_they_use(tmp_path: Path) -> None:
+    env_home = tmp_path / "state"
+    code = f"import os; os.environ['XDG_STATE_HOME'] = {str(env_home)!r}\n" + SAVE_AND_FULL_LOAD
+    out = _run(code, tmp_path).splitlines()
+    writer = [
+        "safetorch.checkpoint",
+        "safetorch.checkpoint._common",
+        "safetorch.checkpoint._formats",
+        "safetorch.checkpoint._provenance",
+        "safetorch.checkpoint._unpickler",
+        "safetorch.checkpoint.saving",
+    ]
+    assert out[0] == "4 []"  # no pinning asked for: safetorch.data is not imported
+    assert out[1] == str(writer)
+    assert out[2] == f"Linear {writer}"  # a full load needs MapToAvailable only
+    assert out[3] == "Linear True"  # trusted by provenance through st.load, which imports it
+
+
+def test_the_checkpoint_helpers_moved_to_common_are_the_same_objects() -> None:
+    from safetorch.checkpoint import _common, loading, saving
+
+    assert loading.MapToAvailable is _common.MapToAvailable
+    assert loading._torch_internals_quiet is _common._torch_internals_quiet
+    assert loading._first_line is _common._first_line
+    assert saving._torch_internals_quiet is _common._torch_internals_quiet
+    import safetorch as st
+
+    assert st.checkpoint.MapToAvailable is _common.MapToAvailable
