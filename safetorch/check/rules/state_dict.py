@@ -628,7 +628,7 @@ class DiscardedNonStrictLoad(Rule):
     Fix (manual): check the returned keys, or use ``st.load_state_dict``, whose
     ``LoadReport`` says what matched and fails when nothing did.
 
-    On the development half of the labelled corpus (``benchmarks/check_corpus``) all 15
+    On the development half of the labelled corpus (``benchmarks/check_corpus``) all 31
     findings are right; the deliberate partial loads found before (a dict built under a
     prefix test, ``assign=True`` onto meta tensors) and the four loads checked first by a
     key-comparing helper are no longer reported.
