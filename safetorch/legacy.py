@@ -607,7 +607,9 @@ class VolatileTensor(torch.Tensor):
         # becomes a plain one, a leaf that needs no grad, so ops mixing it with tensors that
         # require grad record a graph again. Setting True again is a no-op.
         if not isinstance(value, bool):
-            raise TypeError(f"volatile must be a bool, got {type(value).__name__} ({value!r})")
+            kind = type(value)
+            where = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+            raise TypeError(f"volatile must be a bool, got {where}{kind.__qualname__} ({value!r})")
         if not value:
             object.__setattr__(self, "__class__", _plain)
 

@@ -90,3 +90,86 @@ def test_no_fix_where_starred_values_are_not_the_functions_own(tmp_path: Path) -
     train = TRAIN.format(extra="").replace("helpers.save_on_master", "print")
     write_project(tmp_path, {"helpers.py": helpers, "train.py": train})
     assert not _fix_offered(tmp_path)
+
+
+# --- red team (issue 33): ways a wrapper's callers escaped the follow ----------------------
+def _weights_only_fix(root: Path) -> bool:
+    result = check_file(str(root / "train.py"), select=["ST003"], fix=True, unsafe_fixes=True)
+    return result.after is not None and "weights_only=True" in result.after
+
+
+CALLERS = """
+    import argparse
+    import functools
+    import torch
+    {imports}
+
+    def main(args):
+        model = torch.nn.Linear(2, 2)
+        {plain}
+        {namespace}
+
+    def resume(path):
+        return torch.load(path, map_location="cpu")["model"]
+"""
+
+SAVE_ON_MASTER = """
+    import torch
+
+    def save_on_master(*args, **kwargs):
+        torch.save(*args, **kwargs)
+"""
+
+
+@pytest.mark.parametrize(
+    "helpers, imports, namespace",
+    [
+        (  # a named parameter before *args: the object is the caller's second argument
+            """
+            import torch
+
+            def save_if(flag, *args, **kwargs):
+                if flag:
+                    torch.save(*args, **kwargs)
+            """,
+            "from helpers import save_if",
+            'save_if(True, {"model": model.state_dict(), "args": args}, "ckpt.pth")',
+        ),
+        (  # imported under another name
+            SAVE_ON_MASTER,
+            "from helpers import save_on_master, save_on_master as persist",
+            'persist({"model": model.state_dict(), "args": args}, "ckpt.pth")',
+        ),
+        (  # bound by functools.partial
+            SAVE_ON_MASTER,
+            "from helpers import save_on_master",
+            'functools.partial(save_on_master, {"model": model.state_dict(), "args": args})("c.pth")',
+        ),
+        (  # the wrapper rebuilds its *args before forwarding them
+            """
+            import argparse
+            import torch
+
+            CONFIG = argparse.Namespace(lr=0.1)
+
+            def save_on_master(*args, **kwargs):
+                args = ({"model": args[0], "config": CONFIG},) + args[1:]
+                torch.save(*args, **kwargs)
+            """,
+            "from helpers import save_on_master",
+            "pass",
+        ),
+    ],
+    ids=["param-before-args", "import-alias", "partial", "rebuilt-args"],
+)
+def test_no_weights_only_fix_where_a_wrapper_may_save_a_namespace(
+    tmp_path: Path, helpers: str, imports: str, namespace: str
+) -> None:
+    plain = (
+        'save_if(True, {"model": model.state_dict()}, "w.pth")'
+        if "save_if" in imports
+        else 'save_on_master({"model": model.state_dict()}, "w.pth")'
+    )
+    train = CALLERS.format(imports=imports, plain=plain, namespace=namespace)
+    write_project(tmp_path, {"helpers.py": helpers, "train.py": train})
+    assert not _weights_only_fix(tmp_path)

@@ -93,3 +93,61 @@ def test_an_unknown_function_is_not_taken_as_a_checker() -> None:
             model.load_state_dict(sd, strict=False)
         """
     ) == ["ST012"]
+
+
+# --- red team: helpers and call sites that only look like a key check ----------------------
+REPORTING = (
+    "def look(net, weights):\n"
+    "    extra = set(weights) - set(net.state_dict())\n    assert not extra, extra\n"
+)
+
+
+@pytest.mark.parametrize(
+    "helper, body",
+    [
+        (  # the difference is computed and dropped
+            "def look(net, weights):\n    set(weights.keys()) - set(net.state_dict().keys())\n",
+            "look(model, sd)\nmodel.load_state_dict(sd, strict=False)",
+        ),
+        (  # the result is returned and the caller ignores it
+            "def look(net, weights):\n    missing = set(net.state_dict()) - set(weights)\n"
+            "    return not missing\n",
+            "look(model, sd)\nmodel.load_state_dict(sd, strict=False)",
+        ),
+        (  # a count, not the keys: a prefixed checkpoint has the same length
+            "def look(net, weights):\n    if len(weights) - len(net.state_dict()) != 0:\n"
+            "        print('different sizes')\n",
+            "look(model, sd)\nmodel.load_state_dict(sd, strict=False)",
+        ),
+        (  # values, not keys
+            "def look(net, weights):\n    own = net.state_dict()\n"
+            "    for k in own:\n        print((weights[k] - own[k]).abs().max())\n",
+            "look(model, sd)\nmodel.load_state_dict(sd, strict=False)",
+        ),
+        (  # the dict is rebuilt after the check
+            REPORTING,
+            "look(model, sd)\nsd = {'module.' + k: v for k, v in sd.items()}\n"
+            "model.load_state_dict(sd, strict=False)",
+        ),
+        (  # checked after the load
+            REPORTING,
+            "model.load_state_dict(sd, strict=False)\nlook(model, sd)",
+        ),
+        (  # a local function of the same name shadows the checker
+            REPORTING,
+            "def look(a, b):\n    pass\nlook(model, sd)\nmodel.load_state_dict(sd, strict=False)",
+        ),
+    ],
+    ids=["dropped", "return-ignored", "count", "values", "rebound", "after", "shadowed"],
+)
+def test_what_only_looks_like_a_key_check_stays_reported(helper: str, body: str) -> None:
+    source = "import torch\n\n" + helper + "\n\ndef restore(model, sd):\n"
+    source += textwrap.indent(body, "    ") + "\n"
+    assert [d.code for d in check_source(source, "s.py", select=["ST012"])] == ["ST012"]
+
+
+def test_a_checker_that_asserts_on_the_difference_is_quiet() -> None:
+    source = "import torch\n\n" + REPORTING
+    source += "\n\ndef restore(model, sd):\n    look(model, sd)\n"
+    source += "    model.load_state_dict(sd, strict=False)\n"
+    assert check_source(source, "s.py", select=["ST012"]) == []

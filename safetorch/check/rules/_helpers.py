@@ -6,7 +6,7 @@ Typed with the ``ast`` node types they take and give; standard library only.
 from __future__ import annotations
 
 import ast
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from safetorch.check.engine import Context, Edit, Positioned, end_position
 
@@ -242,3 +242,20 @@ def own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
         yield node
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(node))
+
+
+def referenced_not_called(tree: ast.Module, path: str) -> FrozenSet[str]:
+    """Names and attributes one file uses other than as the function of a call: passed as an
+    argument (``partial(f, ...)``, ``Trainer(f)``), assigned (``fn = U.f``), put in a
+    container, or imported under another name (``from u import f as g``). A save wrapper
+    among them may be called where the checker cannot see what it is given."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    found: Set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in called:
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in called:
+            found.add(n.attr)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            found.update(a.name.split(".")[-1] for a in n.names if a.asname is not None)
+    return frozenset(found)

@@ -34,11 +34,13 @@ from typing import (
     List,
     Optional,
     Sequence,
+    Set,
     Tuple,
     Union,
 )
 
 from safetorch.check.engine import Context
+from safetorch.check.rules import _helpers
 
 __all__ = [
     "EVIDENT",
@@ -145,6 +147,8 @@ class Save:
         params: Parameters of the function around it the value is made of (to follow).
         cpu: Whether its tensors are evidently on the CPU.
         function: The name of the function it is in ("" at module level).
+        forwards: Whether it is ``torch.save(*args, **kwargs)`` in a wrapper of that name
+            (followed only where the project calls the wrapper by its name alone).
     """
 
     path: str
@@ -154,6 +158,7 @@ class Save:
     params: FrozenSet[Tuple[str, int, str]]
     cpu: bool
     function: str
+    forwards: bool = False
 
 
 Scope = Union[ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda]
@@ -736,7 +741,7 @@ def gather_saves(tree: ast.Module, path: str) -> Tuple[Save, ...]:
             any(isinstance(a, ast.Starred) for a in node.args)
             or any(k.arg is None for k in node.keywords)
         ):
-            found.append(_forwarded_save(node, scope, path))
+            found.append(_forwarded_save(node, scope, path, file))
             continue
         if len(node.args) + len(node.keywords) < 2:
             continue
@@ -778,22 +783,31 @@ def gather_saves(tree: ast.Module, path: str) -> Tuple[Save, ...]:
 _ANY_PATH = Shape(None, "", "", "*args")
 
 
-def _forwarded_save(node: ast.Call, scope: Scope, path: str) -> Save:
+def _forwarded_save(node: ast.Call, scope: Scope, path: str, file: "_File") -> Save:
     """``torch.save(*args, **kwargs)``: a wrapper (``save_on_master``) that writes whatever
-    its callers pass, to any path. Where it forwards its own ``*args``, what it holds is the
-    first argument of each call of the wrapper (followed one level, like a parameter);
-    otherwise it is unknown."""
+    its callers pass, to any path. Where it forwards its own ``*args`` untouched, what it
+    holds is what each call of the wrapper passes first after the wrapper's own positional
+    parameters (followed one level, like a parameter; :func:`project_saves` also requires the
+    wrapper to be only ever called by its name); otherwise it is unknown."""
     name = _function_name(scope)
-    vararg = getattr(getattr(scope, "args", None), "vararg", None)
+    params = getattr(scope, "args", None)
+    vararg = getattr(params, "vararg", None)
     first = node.args[0] if node.args else None
     if (
         name
+        and params is not None
         and vararg is not None
         and isinstance(first, ast.Starred)
         and isinstance(first.value, ast.Name)
         and first.value.id == vararg.arg
+        and not _rebound(scope, vararg.arg)
     ):
-        return Save(path, node.lineno, _ANY_PATH, None, frozenset({(name, 0, "obj")}), False, name)
+        positional = [*params.posonlyargs, *params.args]
+        index = len(positional)
+        if file.class_of.get(id(scope)) and positional and positional[0].arg in ("self", "cls"):
+            index -= 1
+        forwarded = frozenset({(name, index, "obj")})
+        return Save(path, node.lineno, _ANY_PATH, None, forwarded, False, name, True)
     return Save(
         path,
         node.lineno,
@@ -802,6 +816,14 @@ def _forwarded_save(node: ast.Call, scope: Scope, path: str) -> Save:
         frozenset(),
         False,
         name,
+    )
+
+
+def _rebound(scope: Scope, name: str) -> bool:
+    """Whether ``name`` is assigned or deleted anywhere in ``scope`` (``args = ... + args``)."""
+    return any(
+        isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+        for n in ast.walk(scope)
     )
 
 
@@ -908,9 +930,18 @@ def project_saves(ctx: Context) -> List[Save]:
         for facts in ctx.project_facts(key, gather_calls(wanted)).values():
             for want, what, line in facts:
                 passed.setdefault(want, []).append((what, line))
+    referenced: Set[str] = set()
+    if any(s.forwards for s in saves):
+        for names in ctx.project_facts("ST003-referenced", _helpers.referenced_not_called).values():
+            referenced.update(names)
     out: List[Save] = []
     for save in saves:
         held = save.held
+        if save.forwards and save.function in referenced:
+            held = (
+                f"values saved through `{save.function}()`, which the project also passes "
+                "around or imports under another name (its calls there are not followed)"
+            )
         for param in sorted(save.params):
             if held is not None:
                 break

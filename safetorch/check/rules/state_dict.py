@@ -474,10 +474,47 @@ def _derived(ctx: Context, scope: ast.AST, seeds: Set[str]) -> Set[str]:
     return names
 
 
+def _key_names(side: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``side`` that stand for keys: not inside ``len(...)`` (a count) nor the
+    container of a subscript (``sd[k]`` is a value)."""
+    stack = [side]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
+            continue
+        if isinstance(node, ast.Subscript):
+            stack.append(node.slice)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+_REPORTS = frozenset({"print", "warn", *_LOG_METHODS})
+
+
+def _reported_names(ctx: Context, function: ast.AST) -> Set[str]:
+    """Names the function shows the user or acts on: in an ``assert``, ``if``/``while`` test,
+    ``raise`` or a print/log/warn call."""
+    places: List[ast.AST] = []
+    for node in ctx.walk(function):
+        if isinstance(node, (ast.Assert, ast.If, ast.While, ast.IfExp)):
+            places.append(node.test)
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            places.append(node.exc)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if called in _REPORTS:
+                places.extend([*node.args, *(k.value for k in node.keywords)])
+    return {n.id for place in places for n in ctx.walk(place) if isinstance(n, ast.Name)}
+
+
 def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_param: str) -> bool:
     """Whether ``function`` compares the keys of its ``sd_param`` with those of
     ``model_param.state_dict()`` (``unused = set(sd.keys()) - set(model.state_dict().keys())``
-    through any number of intermediate names)."""
+    through any number of intermediate names) and shows or acts on the result (an ``assert``,
+    an ``if``, a ``raise`` or a print/log call uses it): a difference computed and dropped, a
+    count (``len(sd) - len(own)``) or values (``sd[k] - own[k]``) are no key check."""
     loaded = _derived(ctx, function, {sd_param})
     own_seeds: Set[str] = set()
     for node in ctx.walk(function):
@@ -491,6 +528,14 @@ def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_para
         ):
             own_seeds.update(t.id for t in node.targets if isinstance(t, ast.Name))
     own = _derived(ctx, function, own_seeds) - loaded
+    reported = _reported_names(ctx, function)
+    bound = {
+        id(sub): node
+        for node in ctx.walk(function)
+        if isinstance(node, ast.Assign)
+        for sub in ctx.walk(node.value)
+    }
+    shown = {id(n) for n in ctx.walk(function) if isinstance(n, ast.Name) and n.id in reported}
     for node in ctx.walk(function):
         if isinstance(node, ast.Compare) and any(
             isinstance(o, (ast.In, ast.NotIn)) for o in node.ops
@@ -500,36 +545,86 @@ def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_para
             sides = [node.left, node.right]
         else:
             continue
-        mentioned = [{n.id for n in ctx.walk(side) if isinstance(n, ast.Name)} for side in sides]
-        if any(m & loaded for m in mentioned) and any(
-            m & own
-            or any(
-                isinstance(n, ast.Attribute)
-                and n.attr == "state_dict"
-                and isinstance(n.value, ast.Name)
-                and n.value.id == model_param
-                for n in ctx.walk(side)
+        keys = [list(_key_names(side)) for side in sides]
+        mentioned = [{n.id for n in k if isinstance(n, ast.Name)} for k in keys]
+        if not (
+            any(m & loaded for m in mentioned)
+            and any(
+                m & own
+                or any(
+                    isinstance(n, ast.Attribute)
+                    and n.attr == "state_dict"
+                    and isinstance(n.value, ast.Name)
+                    and n.value.id == model_param
+                    for n in k
+                )
+                for m, k in zip(mentioned, keys)
             )
-            for m, side in zip(mentioned, sides)
         ):
+            continue
+        assign = bound.get(id(node))
+        if assign is not None:
+            targets = {t.id for t in assign.targets if isinstance(t, ast.Name)}
+            if _derived(ctx, function, targets) & reported:
+                return True
+        elif _inside_a_report(ctx, function, node, shown, reported):
             return True
     return False
 
 
-def _passed_to_a_key_checker(ctx: Context, scope: ast.AST, name: str, model_text: str) -> bool:
-    """``check_keys(model, sd)`` in ``scope``: a function of this file, given both the model
-    and ``name``, that compares their keys (``_checker_compares``)."""
+def _inside_a_report(
+    ctx: Context, function: ast.AST, node: ast.AST, shown: Set[int], reported: Set[str]
+) -> bool:
+    """Whether ``node`` is itself inside an assert/if/while test, a raise or a report call."""
+    for place in ctx.walk(function):
+        if isinstance(place, (ast.Assert, ast.If, ast.While, ast.IfExp)):
+            parts: List[ast.AST] = [place.test]
+        elif isinstance(place, ast.Raise) and place.exc is not None:
+            parts = [place.exc]
+        elif isinstance(place, ast.Call):
+            func = place.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if called not in _REPORTS:
+                continue
+            parts = [*place.args, *(k.value for k in place.keywords)]
+        else:
+            continue
+        if any(node is sub for part in parts for sub in ctx.walk(part)):
+            return True
+    return False
+
+
+def _passed_to_a_key_checker(
+    ctx: Context, scope: ast.AST, name: str, model_text: str, load: ast.Call
+) -> bool:
+    """``check_keys(model, sd)`` in ``scope`` before the load, ``sd`` not rebound between
+    them: a function of this file (not shadowed in ``scope``), given both the model and
+    ``name``, that compares their keys and reports the result (``_checker_compares``)."""
     functions = {
         node.name: node
         for node in ctx.tree.body
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
+    shadowed = {
+        n.name for n in ctx.walk(scope) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    } | {
+        n.id for n in ctx.walk(scope) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+    }
+    load_at = ctx.start(load)
+    stores = [
+        ctx.start(n)
+        for n in ctx.walk(scope)
+        if isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+    ]
     for call in ctx.walk(scope):
         if not (
             isinstance(call, ast.Call)
             and isinstance(call.func, ast.Name)
             and call.func.id in functions
+            and call.func.id not in shadowed
             and not call.keywords
+            and ctx.start(call) < load_at
+            and not any(ctx.start(call) < at < load_at for at in stores)
         ):
             continue
         function = functions[call.func.id]
@@ -560,7 +655,9 @@ def _holds_model_state(ctx: Context, scope: ast.AST, names: Set[str], model_text
     return False
 
 
-def _filtered_or_own(ctx: Context, scope: ast.AST, name: str, model: ast.expr) -> bool:
+def _filtered_or_own(
+    ctx: Context, scope: ast.AST, name: str, model: ast.expr, load: Optional[ast.Call] = None
+) -> bool:
     """Whether ``name`` in ``scope`` holds a state_dict whose mismatches the code handles.
 
     It was built by filtering (a dict comprehension with ``if``, a call such as
@@ -572,7 +669,7 @@ def _filtered_or_own(ctx: Context, scope: ast.AST, name: str, model: ast.expr) -
     if (
         _built_under_a_test(ctx, scope, name)
         or _keys_compared(ctx, scope, name, model_text)
-        or _passed_to_a_key_checker(ctx, scope, name, model_text)
+        or (load is not None and _passed_to_a_key_checker(ctx, scope, name, model_text, load))
     ):
         return True
     for node in ctx.walk(scope):
@@ -620,8 +717,9 @@ class DiscardedNonStrictLoad(Rule):
     ``intersect_dicts(...)``, a dict built key by key under a test in a loop), it is the
     model's own ``state_dict()`` updated with some entries, the code compares its keys with
     the model's (``k not in model_sd``, ``set(sd) - set(model.state_dict())``), itself or
-    in a function of the same file it passes both to (``check_keys(model, sd)`` whose body
-    compares ``sd``'s keys with ``model.state_dict()``'s), or it logs what it loaded
+    in a function of the same file it passes both to before the load (``check_keys(model,
+    sd)`` whose body compares ``sd``'s keys with ``model.state_dict()``'s and asserts, tests,
+    raises or prints on the difference), or it logs what it loaded
     (``len(sd)`` in a print or logger call). Quiet with ``assign=True`` too (loading onto
     meta tensors): a key left out stays on the meta device and fails at first use.
 
@@ -665,7 +763,7 @@ class DiscardedNonStrictLoad(Rule):
             call.args[0] if call.args else getattr(find_keyword(call, "state_dict"), "value", None)
         )
         if isinstance(loaded, ast.Name) and _filtered_or_own(
-            self.ctx, self.ctx.scope, loaded.id, call.func.value
+            self.ctx, self.ctx.scope, loaded.id, call.func.value, call
         ):
             return
         if isinstance(loaded, ast.DictComp) and any(g.ifs for g in loaded.generators):
