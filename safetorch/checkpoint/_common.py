@@ -10,12 +10,16 @@ objects.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Union
 
 import torch
 
 __all__: List[str] = []  # private: MapToAvailable is public as safetorch.checkpoint's
+
+# A file path, as the public signatures spell it (st.load, st.save_checkpoint, st.trust).
+PathLike = Union[str, "os.PathLike[str]"]
 
 # torch's own deprecation warnings raised from inside torch.load/torch.save, not about anything
 # the caller did: torch 2.0-2.x warn "TypedStorage is deprecated" from torch/storage.py while

@@ -33,6 +33,7 @@ from safetorch._text import escape
 from safetorch.checkpoint import _bytes, _formats, _reader, _scan, _unpickler
 from safetorch.checkpoint._common import (  # re-exported: the same objects
     MapToAvailable,
+    PathLike,
     _first_line,
     _torch_internals_quiet,
 )
@@ -54,7 +55,6 @@ logger = logging.getLogger("safetorch")
 # The originals, captured before any monkeypatching can replace them.
 _torch_load = torch.load
 
-PathLike = Union[str, "os.PathLike[str]"]
 FileLike = Union[PathLike, IO[bytes]]
 
 

@@ -19,7 +19,6 @@ import types
 import zipfile
 from typing import (
     IO,
-    TYPE_CHECKING,
     Any,
     Callable,
     FrozenSet,
@@ -35,13 +34,10 @@ from torch import nn
 
 from safetorch import _dist
 from safetorch.checkpoint import _formats, _provenance, _unpickler
-from safetorch.checkpoint._common import _first_line, _torch_internals_quiet
+from safetorch.checkpoint._common import PathLike, _first_line, _torch_internals_quiet
 from safetorch.errors import (
     CheckpointError,
 )
-
-if TYPE_CHECKING:
-    from safetorch.checkpoint.loading import PathLike
 
 # What st.save needs is imported above: the patched torch.save imports this module at a
 # program's first save. The scanner, the file reader, the zip verifier, the key helpers and
