@@ -492,9 +492,9 @@ def _key_names(side: ast.AST) -> Iterator[ast.AST]:
 _REPORTS = frozenset({"print", "warn", *_LOG_METHODS})
 
 
-def _reported_names(ctx: Context, function: ast.AST) -> Set[str]:
-    """Names the function shows the user or acts on: in an ``assert``, ``if``/``while`` test,
-    ``raise`` or a print/log/warn call."""
+def _report_places(ctx: Context, function: ast.AST) -> List[ast.AST]:
+    """Where the function shows the user something or acts on it: ``assert``, ``if``/``while``
+    tests, ``raise`` and the arguments of print/log/warn calls."""
     places: List[ast.AST] = []
     for node in ctx.walk(function):
         if isinstance(node, (ast.Assert, ast.If, ast.While, ast.IfExp)):
@@ -506,7 +506,17 @@ def _reported_names(ctx: Context, function: ast.AST) -> Set[str]:
             called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
             if called in _REPORTS:
                 places.extend([*node.args, *(k.value for k in node.keywords)])
-    return {n.id for place in places for n in ctx.walk(place) if isinstance(n, ast.Name)}
+    return places
+
+
+def _is_own_state(node: ast.AST, model_param: str) -> bool:
+    """``<model_param>.state_dict`` (the attribute, called or not)."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "state_dict"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == model_param
+    )
 
 
 def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_param: str) -> bool:
@@ -519,23 +529,19 @@ def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_para
     own_seeds: Set[str] = set()
     for node in ctx.walk(function):
         if isinstance(node, ast.Assign) and any(
-            isinstance(sub, ast.Call)
-            and isinstance(sub.func, ast.Attribute)
-            and sub.func.attr == "state_dict"
-            and isinstance(sub.func.value, ast.Name)
-            and sub.func.value.id == model_param
+            isinstance(sub, ast.Call) and _is_own_state(sub.func, model_param)
             for sub in ctx.walk(node.value)
         ):
             own_seeds.update(t.id for t in node.targets if isinstance(t, ast.Name))
     own = _derived(ctx, function, own_seeds) - loaded
-    reported = _reported_names(ctx, function)
+    places = _report_places(ctx, function)
+    reported = {n.id for place in places for n in ctx.walk(place) if isinstance(n, ast.Name)}
     bound = {
         id(sub): node
         for node in ctx.walk(function)
         if isinstance(node, ast.Assign)
         for sub in ctx.walk(node.value)
     }
-    shown = {id(n) for n in ctx.walk(function) if isinstance(n, ast.Name) and n.id in reported}
     for node in ctx.walk(function):
         if isinstance(node, ast.Compare) and any(
             isinstance(o, (ast.In, ast.NotIn)) for o in node.ops
@@ -550,14 +556,7 @@ def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_para
         if not (
             any(m & loaded for m in mentioned)
             and any(
-                m & own
-                or any(
-                    isinstance(n, ast.Attribute)
-                    and n.attr == "state_dict"
-                    and isinstance(n.value, ast.Name)
-                    and n.value.id == model_param
-                    for n in k
-                )
+                m & own or any(_is_own_state(n, model_param) for n in k)
                 for m, k in zip(mentioned, keys)
             )
         ):
@@ -567,30 +566,8 @@ def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_para
             targets = {t.id for t in assign.targets if isinstance(t, ast.Name)}
             if _derived(ctx, function, targets) & reported:
                 return True
-        elif _inside_a_report(ctx, function, node, shown, reported):
-            return True
-    return False
-
-
-def _inside_a_report(
-    ctx: Context, function: ast.AST, node: ast.AST, shown: Set[int], reported: Set[str]
-) -> bool:
-    """Whether ``node`` is itself inside an assert/if/while test, a raise or a report call."""
-    for place in ctx.walk(function):
-        if isinstance(place, (ast.Assert, ast.If, ast.While, ast.IfExp)):
-            parts: List[ast.AST] = [place.test]
-        elif isinstance(place, ast.Raise) and place.exc is not None:
-            parts = [place.exc]
-        elif isinstance(place, ast.Call):
-            func = place.func
-            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-            if called not in _REPORTS:
-                continue
-            parts = [*place.args, *(k.value for k in place.keywords)]
-        else:
-            continue
-        if any(node is sub for part in parts for sub in ctx.walk(part)):
-            return True
+        elif any(node is sub for place in places for sub in ctx.walk(place)):
+            return True  # itself inside an assert/if/while test, a raise or a report call
     return False
 
 
@@ -656,7 +633,7 @@ def _holds_model_state(ctx: Context, scope: ast.AST, names: Set[str], model_text
 
 
 def _filtered_or_own(
-    ctx: Context, scope: ast.AST, name: str, model: ast.expr, load: Optional[ast.Call] = None
+    ctx: Context, scope: ast.AST, name: str, model: ast.expr, load: ast.Call
 ) -> bool:
     """Whether ``name`` in ``scope`` holds a state_dict whose mismatches the code handles.
 
@@ -669,7 +646,7 @@ def _filtered_or_own(
     if (
         _built_under_a_test(ctx, scope, name)
         or _keys_compared(ctx, scope, name, model_text)
-        or (load is not None and _passed_to_a_key_checker(ctx, scope, name, model_text, load))
+        or _passed_to_a_key_checker(ctx, scope, name, model_text, load)
     ):
         return True
     for node in ctx.walk(scope):
@@ -736,7 +713,7 @@ class DiscardedNonStrictLoad(Rule):
 
     code = "ST012"
 
-    preview = True  # 91.5% of 59 on the held-out corpus half (issue 33): docs/check.md
+    preview = True  # 92.3% of 91 on the held-out corpus half (issue 33): docs/check.md
     name = "discarded-nonstrict-load"
     torch_symbols = ("torch.nn.Module.load_state_dict",)
     node_types = (ast.Expr,)
