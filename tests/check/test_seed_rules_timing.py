@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
@@ -192,24 +192,30 @@ def decode_boxes(raw):
 """
 
 
-def _project_timing(tmp_path: Path, body: str) -> List[int]:
-    """ST006's lines in ``train.py`` of a project that also has ``losses.py``."""
+def _project_lines(tmp_path: Path, module: Tuple[str, str], script: str, body: str) -> List[int]:
+    """ST006's lines (within ``body``) in ``script`` of a project that also has ``module``
+    (its file name and text)."""
     from safetorch.check import project
     from safetorch.check.runner import check_paths
 
     project.clear()
     (tmp_path / "setup.py").write_text("")
-    (tmp_path / "losses.py").write_text(_LOSS_MODULE)
-    (tmp_path / "train.py").write_text(_HEADER + textwrap.dedent(body))
+    (tmp_path / module[0]).write_text(module[1])
+    (tmp_path / script).write_text(_HEADER + textwrap.dedent(body))
     offset = _HEADER.count("\n")
     found = [
         d.line - offset
         for r in check_paths([str(tmp_path)], ["ST006"])
-        if r.path.endswith("train.py")
+        if r.path.endswith(script)
         for d in r.diagnostics
     ]
     project.clear()
     return found
+
+
+def _project_timing(tmp_path: Path, body: str) -> List[int]:
+    """ST006's lines in ``train.py`` of a project that also has ``losses.py``."""
+    return _project_lines(tmp_path, ("losses.py", _LOSS_MODULE), "train.py", body)
 
 
 @pytest.mark.parametrize(
@@ -441,3 +447,95 @@ def test_a_model_moved_to_a_device_that_may_be_cuda_is_reported() -> None:
         return logits, time.time() - tic
     """
     assert _timing(body) == [8]
+
+
+# -- issue 33, eighth pass: a model unpickled whole runs a class the file never names ---------
+
+_DETECTOR_MODULE = """
+import torch
+
+
+class Detector(torch.nn.Module):
+    def forward(self, x):
+        scores = x.sigmoid()
+        if scores.max() > 0.5:
+            return scores[scores > 0.5]
+        return scores
+"""
+
+_PLAIN_MODULE = """
+import torch
+
+
+class Encoder(torch.nn.Module):
+    def forward(self, x):
+        return x.relu()
+"""
+
+
+def _unpickled_project(tmp_path: Path, module: str, body: str) -> List[int]:
+    """ST006's lines in ``demo.py`` of a project whose ``models.py`` is ``module``."""
+    return _project_lines(tmp_path, ("models.py", module), "demo.py", body)
+
+
+_UNPICKLED = [
+    # loaded whole, moved, then wrapped: the forward is the project's detector's, which waits
+    """
+    model = torch.load("detector.pt")
+    model = model.cuda()
+    model = torch.nn.DataParallel(model).cuda()
+
+    def detect(image):
+        tic = time.time()
+        boxes = model(image.cuda())
+        print("took", time.time() - tic)
+        return boxes
+    """,
+    # a whole model stored under a key of a checkpoint dict, as a half-precision copy
+    """
+    detector = torch.load("last.pt")["model"].float().cuda()
+
+    def detect(image):
+        tic = time.time()
+        boxes = detector(image)
+        print("took", time.time() - tic)
+        return boxes
+    """,
+]
+
+
+@pytest.mark.parametrize("body", _UNPICKLED)
+def test_a_whole_unpickled_model_may_wait_where_a_project_class_does(
+    tmp_path: Path, body: str
+) -> None:
+    assert _unpickled_project(tmp_path, _DETECTOR_MODULE, body) == []
+
+
+@pytest.mark.parametrize("body", _UNPICKLED)
+def test_a_whole_unpickled_model_in_a_project_whose_classes_never_wait_is_reported(
+    tmp_path: Path, body: str
+) -> None:
+    # Same scripts, but no class of the project waits: the forward leaves its work running.
+    printed = textwrap.dedent(body).splitlines().index('    print("took", time.time() - tic)')
+    assert _unpickled_project(tmp_path, _PLAIN_MODULE, body) == [printed + 1]
+
+
+def test_weights_loaded_into_a_named_class_are_not_a_whole_model(tmp_path: Path) -> None:
+    # torch.load gives a state dict here: the class is the file's own (its forward does not
+    # wait), whatever other class of the project does.
+    body = """
+    class Small(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    small = Small().cuda()
+    small.load_state_dict(torch.load("small.pt"))
+    state = torch.load("small.pt")
+
+    def infer(image):
+        tic = time.time()
+        out = small(image)
+        print("took", time.time() - tic)
+        return out, state
+    """
+    assert _unpickled_project(tmp_path, _DETECTOR_MODULE, body) == [13]

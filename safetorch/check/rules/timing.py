@@ -93,6 +93,10 @@ _NOT_COMPUTE = (
 # What one event of a scope is, once calls are judged.
 _SYNC, _WORK, _MAJOR = "sync", "work", "major"
 
+# Wrappers whose forward is their first argument's: a whole model unpickled and then wrapped
+# still runs the unpickled class.
+_WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel"})
+
 
 def _moved_to_device(node: ast.AST) -> Optional[ast.expr]:
     """``x`` for ``x.cuda()`` or ``x.to(device)`` (a call naming a device; not a dtype
@@ -415,7 +419,9 @@ class UnsyncedCudaTiming(Rule):
     anywhere (``validate(...)``, ``self.log_step()``), and a call of the project's own code
     that may (a function of another module, or an instance of a project class whose
     ``forward`` reads back: a loss that indexes by a boolean mask or takes Python's
-    ``max(t.sum(), 1)``, a post-processing step that copies to the host).
+    ``max(t.sum(), 1)``, a post-processing step that copies to the host), or a model the
+    file unpickled whole (``net = torch.load(path)``, then moved or wrapped) in a project one
+    of whose classes reads back: the class the file never names may be that one.
 
     A copy before the main work (``model(x.cuda())``) waits only for what came before, so
     it does not silence the interval. Loops are understood: a loop inside the interval that
@@ -627,14 +633,60 @@ class UnsyncedCudaTiming(Rule):
             self.ctx.cache["st006_bound_calls"] = found
         return found
 
+    def _loaded_whole(self) -> Set[str]:
+        """Names (and ``self.x``) the file binds to an object unpickled by ``torch.load``,
+        directly or through a move or a wrapper (``net = torch.load(path)["model"].cuda()``,
+        ``net = nn.DataParallel(net)``): a whole model whose class the file never names."""
+        found = self.ctx.cache.get("st006_loaded_whole")
+        if found is None:
+            found = set()
+            bindings = [
+                (var_key(node.targets[0]), node.value)
+                for node in self.ctx.walk(self.ctx.tree)
+                if isinstance(node, ast.Assign) and len(node.targets) == 1
+            ]
+            for _ in range(4):  # a load, then a move, then a wrapper: a few steps at most
+                more = {
+                    key
+                    for key, value in bindings
+                    if key is not None and key not in found and self._unpickled(value, found)
+                }
+                if not more:
+                    break
+                found |= more
+            self.ctx.cache["st006_loaded_whole"] = found
+        return found
+
+    def _unpickled(self, value: ast.AST, loaded: Set[str]) -> bool:
+        """``value`` is what ``torch.load`` returned, or a name in ``loaded``, seen through
+        subscripts, method calls (``.cuda()``, ``.float()``) and the parallel wrappers."""
+        while True:
+            if isinstance(value, ast.Call):
+                if self.ctx.qualname(value.func) == "torch.load":
+                    return True
+                if _call_name(value.func) in _WRAPPERS and value.args:
+                    value = value.args[0]
+                elif isinstance(value.func, ast.Attribute):
+                    value = value.func.value
+                else:
+                    return False
+            elif isinstance(value, ast.Subscript):
+                value = value.value
+            else:
+                return var_key(value) in loaded
+
     def _callee_syncs(self, call: ast.Call) -> bool:
         """``call`` runs code of the project that may wait for the GPU: a function or class
         (its ``forward``, a loss) of the project's modules, by the name it is imported or
-        defined under, or a name the file binds to an instance of one."""
+        defined under, or a name the file binds to an instance of one. A model the file
+        unpickled whole runs a class the file never names: it may wait when a class of the
+        project does (a detector whose eval forward suppresses boxes)."""
         names = self._project_syncs()
         if not names:
             return False
         func = call.func
+        if var_key(func) in self._loaded_whole() and any(n[:1].isupper() for n in names):
+            return True
         called = {_call_name(func)} if isinstance(func, ast.Name) else set()
         if isinstance(func, ast.Name):
             called.add(self.ctx.imports.get(func.id, func.id).split(".")[-1])
