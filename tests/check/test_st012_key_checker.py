@@ -151,3 +151,39 @@ def test_a_checker_that_asserts_on_the_difference_is_quiet() -> None:
     source += "\n\ndef restore(model, sd):\n    look(model, sd)\n"
     source += "    model.load_state_dict(sd, strict=False)\n"
     assert check_source(source, "s.py", select=["ST012"]) == []
+
+
+# --- a reference the helper compares against may be another model's ---------------------------
+_DEFAULTED = """
+def check_keys(net, weights, ref=None):
+    ref = ref if ref is not None else net.state_dict()
+    missing = set(ref) - set(weights)
+    assert not missing, missing
+"""
+
+
+def test_a_reference_passed_in_place_of_the_models_keys_leaves_the_finding() -> None:
+    # The helper falls back to the model's keys only when no reference is given: here the
+    # teacher's are, so the student's own keys are never compared.
+    assert _codes(
+        _DEFAULTED
+        + """
+def load(model, teacher, sd):
+    check_keys(model, sd, teacher.state_dict())
+    model.load_state_dict(sd, strict=False)
+"""
+    ) == ["ST012"]
+
+
+def test_the_models_keys_by_default_are_a_key_check() -> None:
+    assert (
+        _codes(
+            _DEFAULTED
+            + """
+def load(model, sd):
+    check_keys(model, sd)
+    model.load_state_dict(sd, strict=False)
+"""
+        )
+        == []
+    )

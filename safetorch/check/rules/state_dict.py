@@ -519,18 +519,28 @@ def _is_own_state(node: ast.AST, model_param: str) -> bool:
     )
 
 
-def _checker_compares(ctx: Context, function: ast.AST, sd_param: str, model_param: str) -> bool:
+def _checker_compares(
+    ctx: Context, function: ast.AST, sd_param: str, model_param: str, passed: Set[str]
+) -> bool:
     """Whether ``function`` compares the keys of its ``sd_param`` with those of
     ``model_param.state_dict()`` (``unused = set(sd.keys()) - set(model.state_dict().keys())``
     through any number of intermediate names) and shows or acts on the result (an ``assert``,
     an ``if``, a ``raise`` or a print/log call uses it): a difference computed and dropped, a
-    count (``len(sd) - len(own)``) or values (``sd[k] - own[k]``) are no key check."""
+    count (``len(sd) - len(own)``) or values (``sd[k] - own[k]``) are no key check. A name
+    bound from the model's state dict and another parameter the call passes
+    (``ref = ref if ref is not None else model.state_dict()``, given a teacher's) may hold
+    that other parameter's keys: it is not the model's."""
     loaded = _derived(ctx, function, {sd_param})
+    others = passed - {model_param}
     own_seeds: Set[str] = set()
     for node in ctx.walk(function):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(sub, ast.Call) and _is_own_state(sub.func, model_param)
-            for sub in ctx.walk(node.value)
+        if (
+            isinstance(node, ast.Assign)
+            and any(
+                isinstance(sub, ast.Call) and _is_own_state(sub.func, model_param)
+                for sub in ctx.walk(node.value)
+            )
+            and not any(isinstance(n, ast.Name) and n.id in others for n in ctx.walk(node.value))
         ):
             own_seeds.update(t.id for t in node.targets if isinstance(t, ast.Name))
     own = _derived(ctx, function, own_seeds) - loaded
@@ -610,8 +620,11 @@ def _passed_to_a_key_checker(
             continue
         sd_at = [i for i, a in enumerate(call.args) if isinstance(a, ast.Name) and a.id == name]
         model_at = [i for i, a in enumerate(call.args) if ctx.segment(a) == model_text]
+        passed = set(params[: len(call.args)])
         if any(
-            _checker_compares(ctx, function, params[i], params[j]) for i in sd_at for j in model_at
+            _checker_compares(ctx, function, params[i], params[j], passed)
+            for i in sd_at
+            for j in model_at
         ):
             return True
     return False
