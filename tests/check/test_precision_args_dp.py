@@ -212,6 +212,27 @@ def test_st013_wrapped_only_to_load_module_keys_is_quiet() -> None:
     assert [d.line for d in found(by_count, "ST013")] == [7]
 
 
+@pytest.mark.parametrize(
+    "branch",
+    [
+        "if torch.cuda.is_available():\n    net = nn.DataParallel(net).cuda()\n"
+        "else:\n    net = nn.DataParallel(net)\n",
+        "if not torch.cuda.is_available():\n    net = nn.DataParallel(net)\n"
+        "else:\n    net = nn.DataParallel(net).cuda()\n",
+    ],
+)
+def test_st013_the_branch_without_cuda_is_a_pass_through(branch: str) -> None:
+    # Without GPUs DataParallel only passes through (kept so net.module works on the CPU):
+    # nothing to move to DDP there; the CUDA branch of the same test stays a finding.
+    source = "import torch\nimport torch.nn as nn\n\ndef train(net, loss):\n"
+    source += textwrap.indent(branch, "    ") + "    loss.backward()\n    return net\n"
+    cuda_line = 6 if branch.startswith("if torch") else 8
+    assert [d.line for d in found(source, "ST013")] == [cuda_line]
+    # A test on something else (the GPU count) decides parallelism: both branches reported.
+    by_count = source.replace("torch.cuda.is_available()", "torch.cuda.device_count() > 1")
+    assert [d.line for d in found(by_count, "ST013")] == [6, 8]
+
+
 def test_st013_fallback_beside_ddp_in_the_same_function_is_quiet() -> None:
     source = """
     import torch

@@ -117,6 +117,10 @@ class DataParallelUsed(Rule):
       ``if RANK == -1 and n_gpu > 1:``, or after ``if args.distributed: return DDP(m)``)
       and the function, the file or the project builds DistributedDataParallel.
 
+    - where no GPU can be: the ``else:`` of ``if torch.cuda.is_available():`` (or under
+      ``if not torch.cuda.is_available():``), a pass-through wrapper kept so that
+      ``model.module`` works on the CPU too.
+
     Fix (manual): ``torch.nn.parallel.DistributedDataParallel`` (one process per GPU).
 
     safetorch: ``st.unwrap_model`` for saving either wrapper's weights.
@@ -175,6 +179,8 @@ class DataParallelUsed(Rule):
                 stmt, branch, scope = where
                 if self._fallback_beside_ddp(call, branch, scope):
                     continue
+                if self._without_cuda(branch):
+                    continue
                 if self._wrapped_to_load(stmt, branch, scope):
                     continue
             self.report(
@@ -204,6 +210,24 @@ class DataParallelUsed(Rule):
         if builds_ddp(scope) or builds_ddp(self.ctx.tree):
             return True
         return any(self.ctx.project_facts("ST013-builds-ddp", _project_builds_ddp).values())
+
+    def _without_cuda(self, branch: Branch) -> bool:
+        """On the branch taken without CUDA: ``else:`` of ``if torch.cuda.is_available():``,
+        or the body of ``if not torch.cuda.is_available():``."""
+        nodes = self._branch_nodes()
+        for if_id, part in branch:
+            test = getattr(nodes.get(if_id), "test", None)
+            negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+            if isinstance(test, ast.UnaryOp) and negated:
+                test = test.operand
+            if not (
+                isinstance(test, ast.Call)
+                and self.ctx.qualname(test.func) == "torch.cuda.is_available"
+            ):
+                continue
+            if part == ("body" if negated else "orelse"):
+                return True
+        return False
 
     def _branch_nodes(self) -> Dict[int, ast.AST]:
         nodes = self.ctx.cache.get("ST013-branch-nodes")
