@@ -509,6 +509,39 @@ def test_st012_deliberate_partial_loads_are_quiet() -> None:
     assert found(source, "ST012") == []
 
 
+@pytest.mark.parametrize(
+    "rename",
+    [
+        "sd[k[len(prefix):]] = sd.pop(k)",
+        "sd[k[len(prefix):]] = sd[k]\n            del sd[k]",
+    ],
+)
+def test_st012_a_prefix_renamed_in_place_keeps_every_key_and_stays_a_finding(rename: str) -> None:
+    # The loop runs over the dict it writes and the value is read from it: keys are renamed,
+    # none dropped, so nothing chose what loads (a compiled model's "_orig_mod." prefix).
+    source = f"""
+    import torch
+
+    def restore(model, path, prefix="_orig_mod."):
+        sd = torch.load(path, weights_only=True)["model"]
+        for k in list(sd.keys()):
+            if k.startswith(prefix):
+                {rename}
+        model.load_state_dict(sd, strict=False)
+    """
+    load_line = (
+        textwrap.dedent(source).splitlines().index("    model.load_state_dict(sd, strict=False)")
+    )
+    assert [d.line for d in found(source, "ST012")] == [load_line + 1]
+    # Built into another dict under the same test: only the chosen keys load (quiet).
+    chosen = source.replace("sd = torch.load", "ckpt = torch.load").replace(
+        "for k in list(sd.keys()):", "sd = {}\n        for k in list(ckpt.keys()):"
+    )
+    chosen = chosen.replace("sd.pop(k)", "ckpt[k]").replace("= sd[k]", "= ckpt[k]")
+    chosen = chosen.replace("del sd[k]", "pass")
+    assert found(chosen, "ST012") == []
+
+
 def test_st012_renamed_key_by_key_without_a_test_is_still_a_finding() -> None:
     source = """
     import torch

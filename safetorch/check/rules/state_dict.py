@@ -414,19 +414,30 @@ _LOG_METHODS = frozenset({"info", "warning", "warn", "debug", "error", "log", "w
 
 def _built_under_a_test(ctx: Context, scope: ast.AST, name: str) -> bool:
     """``name[k'] = v`` inside an ``if`` in a loop: a dict built key by key from the keys
-    the code chose (``if key.startswith(prefix): sd[key[len(prefix):]] = v``)."""
+    the code chose (``if key.startswith(prefix): sd[key[len(prefix):]] = v``). Not a key
+    renamed in place (``for k in list(sd): if k.startswith(p): sd[k[len(p):]] = sd.pop(k)``,
+    the loop over the dict it writes, the value read from it): every key stays."""
+
+    def mentions(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == name for n in ctx.walk(node))
+
     for loop in ctx.walk(scope):
         if not isinstance(loop, (ast.For, ast.AsyncFor)):
             continue
+        in_place = mentions(loop.iter)
         for test in ctx.walk(loop):
             if not isinstance(test, ast.If):
                 continue
             for node in ctx.walk(test):
-                if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Subscript)
-                    and isinstance(t.value, ast.Name)
-                    and t.value.id == name
-                    for t in node.targets
+                if (
+                    isinstance(node, ast.Assign)
+                    and any(
+                        isinstance(t, ast.Subscript)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == name
+                        for t in node.targets
+                    )
+                    and not (in_place and mentions(node.value))
                 ):
                     return True
     return False
