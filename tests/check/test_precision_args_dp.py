@@ -393,6 +393,46 @@ def test_st011_quiet_where_every_loader_loads_into_a_wrapper(tmp_path: Path) -> 
     assert project_findings(tmp_path, "ST011")["train.py"] == []
 
 
+@pytest.mark.parametrize("guard", ['if __name__ == "__main__":', "if args.evaluate:"])
+def test_st011_a_loader_under_the_main_guard_wraps_always(tmp_path: Path, guard: str) -> None:
+    # The script's main block runs whenever the script does: a model wrapped there is always
+    # wrapped, so the project's format (wrapped keys) loads. A test on an option is a branch:
+    # the model is wrapped only sometimes there, and the finding stays.
+    evaluate = f"""
+    import argparse
+    import torch
+    import torch.nn as nn
+
+    args = argparse.ArgumentParser().parse_args()
+    {guard}
+        model = nn.DataParallel(nn.Linear(2, 2))
+        ckpt = torch.load(args.path, weights_only=True)
+        model.load_state_dict(ckpt["model"])
+    """
+    write_project(tmp_path, {"train.py": SAVES_WRAPPED, "evaluate.py": evaluate})
+    found = project_findings(tmp_path, "ST011")["train.py"]
+    assert len(found) == (0 if "__main__" in guard else 1)
+
+
+def test_st011_a_save_that_unwraps_when_wrapped_is_quiet() -> None:
+    # The bare side of `m.module.state_dict() if wrapped else m.state_dict()` runs only for a
+    # model that is not wrapped: the file holds bare keys either way.
+    source = """
+    import torch
+    import torch.nn as nn
+
+    def train(model, path, n_gpu):
+        if n_gpu > 1:
+            model = nn.DataParallel(model)
+        state = model.module.state_dict() if hasattr(model, "module") else model.state_dict()
+        torch.save(state, path)
+    """
+    assert found(source, "ST011") == []
+    # Both sides the wrapped model's own keys: the finding stays.
+    both = source.replace("model.module.state_dict() if", "model.state_dict() if")
+    assert [d.line for d in found(both, "ST011")] == [8, 8]
+
+
 def test_st011_quiet_where_the_loader_strips_the_prefix_in_another_file(tmp_path: Path) -> None:
     write_project(
         tmp_path,

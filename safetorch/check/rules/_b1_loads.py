@@ -14,7 +14,7 @@ import ast
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from safetorch.check.rules._helpers import FUNCTION_DEFS, bound_names
-from safetorch.check.rules._wrapped import Branch, statements_with_branch
+from safetorch.check.rules._wrapped import Branch, is_main_guard, statements_with_branch
 
 # A receiver whose name says it is not the model.
 _NOT_MODELS = ("optim", "sched", "scaler")
@@ -117,9 +117,13 @@ def _calls_torch_load(node: ast.AST) -> bool:
 
 
 def _own_statements(body: Sequence[ast.stmt]) -> Iterator[Tuple[ast.stmt, Branch]]:
+    """The statements of a scope with their branches, ``if __name__ == "__main__":`` not
+    counted as one (it decides nothing about the machine: a model wrapped there is wrapped
+    whenever the script runs)."""
+    guards = {id(s) for s in body if isinstance(s, ast.If) and is_main_guard(s.test)}
     for stmt, branch in statements_with_branch(body):
         if not isinstance(stmt, (*FUNCTION_DEFS, ast.ClassDef)):
-            yield stmt, branch
+            yield stmt, tuple(b for b in branch if not (b[0] in guards and b[1] == "body"))
 
 
 def _strips_prefix(tree: ast.AST) -> bool:

@@ -34,15 +34,38 @@ _WRAPPERS = {
 _CHAINED_ON_MODELS = frozenset({"cuda", "to", "cpu", "float", "half", "double", "train", "eval"})
 
 
+def _state_dict_of(node: ast.AST) -> Optional[ast.expr]:
+    """``m`` for ``m.state_dict()``."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "state_dict"
+    ):
+        return node.func.value
+    return None
+
+
 def _state_dict_holders(ctx: Context, expr: ast.AST) -> Iterator[Tuple[ast.Call, ast.expr]]:
-    """``(m.state_dict() call, m)`` for every ``m.state_dict()`` inside ``expr``."""
+    """``(m.state_dict() call, m)`` for every ``m.state_dict()`` inside ``expr``, but the
+    bare side of an unwrap (``m.module.state_dict() if is_parallel(m) else m.state_dict()``:
+    whatever the test, the bare side is taken only where it holds the right keys)."""
+    unwrapped: Set[int] = set()
     for sub in ctx.walk(expr):
-        if (
-            isinstance(sub, ast.Call)
-            and isinstance(sub.func, ast.Attribute)
-            and sub.func.attr == "state_dict"
-        ):
-            yield sub, sub.func.value
+        if isinstance(sub, ast.IfExp):
+            sides = (sub.body, sub.orelse)
+            for side, other in (sides, sides[::-1]):
+                held, inner = _state_dict_of(side), _state_dict_of(other)
+                if (
+                    held is not None
+                    and isinstance(inner, ast.Attribute)
+                    and inner.attr == "module"
+                    and ctx.segment(inner.value) == ctx.segment(held)
+                ):
+                    unwrapped.add(id(side))
+    for sub in ctx.walk(expr):
+        held = _state_dict_of(sub)
+        if held is not None and id(sub) not in unwrapped and isinstance(sub, ast.Call):
+            yield sub, held
 
 
 class _Scope:
@@ -96,7 +119,10 @@ class StateDictOfWrappedModel(Rule):
     through ``DataParallel(m) if n_gpu > 1 else m``; a rebinding on another branch
     (``else: model = model.cuda()``) does not hide it. A wrapper used only for its keys
     (``nn.DataParallel(model).state_dict()`` to add the prefix on purpose, or a test of
-    prefix handling: never called, trained or passed on) is not reported.
+    prefix handling: never called, trained or passed on) is not reported, nor the bare side
+    of a save that unwraps (``m.module.state_dict() if is_parallel(m) else m.state_dict()``).
+    A loader under ``if __name__ == "__main__":`` counts as always wrapping its model when
+    it wraps there: the block runs whenever the script does.
 
     Fix (manual): save ``st.unwrap_model(m).state_dict()`` (``m.module.state_dict()`` only
     where ``m`` is always wrapped: it crashes where the wrap is conditional), and change the
