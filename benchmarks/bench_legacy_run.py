@@ -15,6 +15,12 @@ cost of ``safetorch run``.
     python benchmarks/bench_legacy_run.py                 # the timing table (markdown)
     python benchmarks/bench_legacy_run.py --repeat 7 --only mnist,vae
     python benchmarks/bench_legacy_run.py --outcomes      # plain / run / fixed table
+    python benchmarks/bench_legacy_run.py --instructions  # the same ratio in instructions
+
+``--instructions`` counts the user-space instructions of each step (valgrind's cachegrind,
+children included, one run per step after a warm-up run): the per-script ratio that CPU
+seconds on a shared machine cannot show (they swing by 10% from run to run there). It
+leaves out kernel time (file writes), which the timing table's wall ratio covers.
 
 ``--outcomes`` prints what ``tests/legacy/test_legacy_scripts.py`` asserts: whether plain
 python runs the legacy copy, whether ``safetorch run`` does, and whether plain python runs
@@ -195,11 +201,97 @@ def outcomes_table(entries: List[Dict]) -> None:
             print(f"| {entry['name']} ({entry['origin']}) | " + " | ".join(cells) + " |")
 
 
+# What valgrind's cachegrind prints per process: "==123== I   refs:      5,295,725,690".
+_IREFS = re.compile(r"^==\d+== I\s+refs:\s+([\d,]+)", re.MULTILINE)
+VALGRIND = [
+    "valgrind",
+    "--tool=cachegrind",
+    "--cache-sim=no",
+    "--trace-children=yes",  # DataLoader workers and mp.Process children count too
+    "--cachegrind-out-file=/dev/null",
+]
+
+
+def count_step(workdir: Path, step: Sequence[str], shim: bool) -> int:
+    """User-space instructions one step executes in a fresh process (its children included),
+    counted by cachegrind: the same on a busy machine as on a quiet one."""
+    cmd = [*VALGRIND, sys.executable, *(RUN if shim else []), *step]
+    env = {**child_env(), "PYTHONHASHSEED": "0"}
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+    counts = [int(m.replace(",", "")) for m in _IREFS.findall(proc.stderr)]
+    if proc.returncode or not counts:
+        raise RuntimeError(f"{step}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    return sum(counts)
+
+
+def count_script(entry: Dict, tmp: Path) -> List[int]:
+    """Instructions [python modern, run modern] over the script's timed steps. Each step
+    runs once natively first (bytecode caches written, as in an installed package)."""
+    modern = prepare(tmp, entry["name"], "modern")
+    modern_run = prepare(tmp, entry["name"], "modern", "-run")
+    commands = ((modern, False), (modern_run, True))
+    steps = entry.get("bench_steps", entry["steps"])
+    setup = entry.get("setup", 0)
+    totals = [0, 0]
+    for step in steps[:setup]:
+        for where, _ in commands:
+            run_step(where, step, False)
+    for step in steps[setup:]:
+        for i, (where, shim) in enumerate(commands):
+            run_step(where, step, shim)  # warm: .pyc written, files the step leaves in place
+            totals[i] += count_step(where, step, shim)
+    return totals
+
+
+def instructions_table(entries: List[Dict]) -> None:
+    """Per script: instructions of ``safetorch run`` on the modernised copy over plain
+    python's. Deterministic where CPU seconds swing by 10% on a shared machine; it leaves out
+    kernel time (file writes, fsync), which the timing table's wall ratio shows."""
+    import torch
+
+    print(
+        "safetorch run vs python, user-space instructions (cachegrind, children included, "
+        f"PYTHONHASHSEED=0); torch {torch.__version__}, Python {platform.python_version()}, "
+        f"OMP_NUM_THREADS=1, {time.strftime('%Y-%m-%d')}"
+    )
+    print()
+    print("| script | steps | instructions: python, modernised (M) | safetorch run (M) | ratio |")
+    print("|---|---|---:|---:|---:|")
+
+    def row(label: str, steps: object, plain: int, shim: int) -> None:
+        print(
+            f"| {label} | {steps} | {plain / 1e6:,.1f} | {shim / 1e6:,.1f} | {shim / plain:.3f} |"
+        )
+
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        script = tmp / "import_torch.py"
+        script.write_text("import torch\n")
+        row("`import torch` only", 1, *(count_step(tmp, [str(script)], s) for s in (False, True)))
+        sums = [0, 0]
+        for entry in entries:
+            steps = len(entry.get("bench_steps", entry["steps"])) - entry.get("setup", 0)
+            if not entry["run_completes"]:
+                print(f"| {entry['name']} | {steps} | - | - | n/a (not shimmable) |")
+                continue
+            plain, shim = count_script(entry, tmp)
+            sums = [sums[0] + plain, sums[1] + shim]
+            row(entry["name"], steps, plain, shim)
+            sys.stdout.flush()
+        if sums[0]:
+            row("**all**", "", *sums)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per step (best of)")
     parser.add_argument("--only", default="", help="comma-separated script names")
     parser.add_argument("--outcomes", action="store_true", help="plain / run / fixed table")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions under valgrind (cachegrind) instead of timing",
+    )
     args = parser.parse_args(argv)
     entries = manifest()
     if args.only:
@@ -207,6 +299,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         entries = [e for e in entries if e["name"] in wanted]
     if args.outcomes:
         outcomes_table(entries)
+    elif args.instructions:
+        instructions_table(entries)
     else:
         timing_table(entries, args.repeat)
     return 0
