@@ -420,3 +420,42 @@ def test_a_device_bound_to_the_cpu_is_a_cpu_path(tmp_path: Path) -> None:
     state = torch.load("weights/net_final.pth")
     """
     assert len(_lines(tmp_path, {"train.py": SAVER, "infer.py": loader}, "infer.py")) == 1
+
+
+# -- issue 33, eighth batch: a script that never puts anything on a GPU runs on the CPU ------
+
+_EXPORT = """
+    import torch
+    from model import Net
+
+    if __name__ == "__main__":
+        net = Net()
+        net.load_state_dict(torch.load("runs/last.pth")["model"])
+        torch.onnx.export(net, torch.randn(1, 3), "net.onnx")
+"""
+
+
+def test_a_cpu_only_script_loading_a_cuda_checkpoint_is_reported(tmp_path: Path) -> None:
+    # Neither the export script nor the model module it imports names CUDA: it runs on the
+    # CPU wherever it runs, and the training script writes the file from CUDA tensors.
+    files = {"train.py": TRAIN, "model.py": "import torch\nNet = torch.nn.Linear\n"}
+    assert _lines(tmp_path, {**files, "export.py": _EXPORT}, "export.py") == [6]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        # the model module it imports moves to CUDA: the script may well run there
+        {"model.py": "import torch\n\ndef Net():\n    return torch.nn.Linear(3, 3).cuda()\n"},
+        # not a script: a library module's function, whose caller decides the device
+        {
+            "model.py": "import torch\nNet = torch.nn.Linear\n",
+            "export.py": _EXPORT.replace('if __name__ == "__main__":', "def export():"),
+        },
+    ],
+)
+def test_a_script_that_may_use_cuda_or_a_library_is_quiet(
+    tmp_path: Path, files: Dict[str, str]
+) -> None:
+    project_files = {"train.py": TRAIN, "export.py": _EXPORT, **files}
+    assert _lines(tmp_path, project_files, "export.py") == []

@@ -37,6 +37,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 from safetorch.check.engine import Context
 from safetorch.check.fixer import parents as parent_map
 from safetorch.check.rules import _load_flow as flow
+from safetorch.check.rules._wrapped import is_main_guard
 
 __all__ = ["RANKS", "cuda_save", "device_saves", "mentions_cuda", "runs_off_cuda"]
 
@@ -332,8 +333,54 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
             ranks = (line, _RANKS_WHY)
     if needs_cuda:
         cpu = None  # the script stops without CUDA
+    elif cpu is None:
+        cpu = _cpu_only_script(ctx)
     found = ctx.cache["ST004-evidence"] = (cpu, ranks)
     return found
+
+
+def _imported_files(ctx: Context) -> List[str]:
+    """The project files the checked file imports (``import a.b``, ``from a.b import c``,
+    ``from .b import c``), as paths relative to the project root: the module's file or its
+    package's ``__init__.py``, looked up from the root and from the file's own directory."""
+    here = posixpath.dirname(ctx.project.relpath(ctx.path))
+    names: List[Tuple[str, str]] = []  # (base directory, dotted module)
+    for node in ctx.walk(ctx.tree):
+        if isinstance(node, ast.Import):
+            names.extend(("", alias.name) for alias in node.names)
+            names.extend((here, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here
+                for _ in range(node.level - 1):
+                    base = posixpath.dirname(base)
+                bases = [base]
+            else:
+                bases = ["", here]
+            module = node.module or ""
+            for base in bases:
+                names.append((base, module))
+                names.extend((base, f"{module}.{a.name}".strip(".")) for a in node.names)
+    files = []
+    for base, module in names:
+        stem = posixpath.join(base, *module.split(".")) if module else base
+        files += [stem + ".py", posixpath.join(stem, "__init__.py")]
+    return files
+
+
+def _cpu_only_script(ctx: Context) -> Optional[Tuple[int, str]]:
+    """(line, why) for a script (``if __name__ == "__main__":``) that puts nothing on a GPU:
+    neither it nor a project module it imports names CUDA, so it runs on the CPU wherever
+    it runs. None otherwise (a library module, a script that uses CUDA somewhere)."""
+    guard = next(
+        (s for s in ctx.tree.body if isinstance(s, ast.If) and is_main_guard(s.test)), None
+    )
+    if guard is None or mentions_cuda(ctx.tree, ctx.path):
+        return None
+    cuda_files = ctx.project_facts("ST004-cuda-files", mentions_cuda)
+    if not ctx.project.complete or any(cuda_files.get(f) for f in _imported_files(ctx)):
+        return None
+    return guard.lineno, "a script that never puts anything on a GPU"
 
 
 def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tuple[int, str]]:
