@@ -64,11 +64,12 @@ def test_st004_is_preview_below_the_bar() -> None:
         parser.add_argument("--cuda", action="store_true")
         state = torch.load("runs/last.pth")
         """,
-        # ranks
+        # ranks, each on its own device
         """
         import torch
         import torch.distributed as dist
         dist.init_process_group("nccl")
+        torch.cuda.set_device(dist.get_rank())
         state = torch.load("runs/last.pth")
         """,
     ],
@@ -459,3 +460,51 @@ def test_a_script_that_may_use_cuda_or_a_library_is_quiet(
 ) -> None:
     project_files = {"train.py": TRAIN, "export.py": _EXPORT, **files}
     assert _lines(tmp_path, project_files, "export.py") == []
+
+
+# -- issue 33, ninth batch: what a CUDA-only script and one process per node look like -------
+
+_PRUNE = """
+    import argparse
+    import torch
+    import torch.nn as nn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-cuda", action="store_true")
+    args = parser.parse_args()
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+    model.load_state_dict(torch.load("runs/last.pth")["model"])
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            mask = m.weight.data.abs().gt(0.1).float().cuda()
+"""
+
+
+def test_a_move_to_cuda_under_a_type_test_makes_the_script_cuda_only(tmp_path: Path) -> None:
+    # `if isinstance(m, nn.BatchNorm2d):` decides nothing about the machine: the mask moves to
+    # CUDA whenever the script runs, so its --no-cuda switch is no CPU path.
+    assert _lines(tmp_path, {"train.py": TRAIN, "prune.py": _PRUNE}, "prune.py") == []
+    # The same move under the switch's own test is a choice: the CPU path stays, reported.
+    chosen = _PRUNE.replace("if isinstance(m, nn.BatchNorm2d):", "if not args.no_cuda:")
+    assert _lines(tmp_path, {"train.py": TRAIN, "prune.py": chosen}, "prune.py") == [9]
+
+
+_PER_NODE = """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    dist.init_process_group("nccl")
+    model = nn.Linear(3, 3)
+    model.cuda()
+    model = nn.parallel.DistributedDataParallel(model)
+    state = torch.load("runs/last.pth")
+"""
+
+
+def test_one_process_per_node_loads_where_its_model_is(tmp_path: Path) -> None:
+    # No device per process (no set_device, device_ids, local_rank or spawn): each node's one
+    # process uses all its GPUs from cuda:0, where the checkpoint's tensors go back to.
+    assert _lines(tmp_path, {"train.py": TRAIN, "eval.py": _PER_NODE}, "eval.py") == []
+    pinned = _PER_NODE.replace("model.cuda()", "torch.cuda.set_device(0)\n    model.cuda()")
+    assert _lines(tmp_path, {"train.py": TRAIN, "eval.py": pinned}, "eval.py") == [10]

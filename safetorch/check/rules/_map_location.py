@@ -285,6 +285,43 @@ def _requires_cuda(node: ast.AST, parents: Dict[int, ast.AST]) -> bool:
     return False
 
 
+def _one_device_per_process(ctx: Context) -> bool:
+    """The file gives each process a device of its own (``torch.cuda.set_device``,
+    ``device_ids=``, ``local_rank`` / ``LOCAL_RANK``, ``mp.spawn``, ``model.cuda(rank)``,
+    ``torch.device(f"cuda:{rank}")``): a process group without
+    that (``model.cuda(); DistributedDataParallel(model)``, one process per node using all
+    of its GPUs) loads each node's copy onto that node's ``cuda:0``, where its model is."""
+    found = ctx.cache.get("ST004-per-device")
+    if found is None:
+        found = False
+        for node in ctx.walk(ctx.tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("set_device", "local_rank"):
+                found = True
+            elif isinstance(node, ast.Name) and node.id == "local_rank":
+                found = True
+            elif isinstance(node, ast.Constant) and node.value == "LOCAL_RANK":
+                found = True
+            elif isinstance(node, ast.keyword) and node.arg in ("device_ids", "output_device"):
+                found = True
+            elif isinstance(node, ast.Call) and _callee_name(node) in _SPAWNS:
+                found = True
+            elif (
+                isinstance(node, ast.Call)
+                and _callee_name(node) in ("cuda", "to", "device")
+                and any("rank" in ctx.segment(a).lower() for a in node.args)
+            ):
+                found = True  # model.cuda(rank), x.to(rank), torch.device(f"cuda:{rank}")
+            if found:
+                break
+        ctx.cache["ST004-per-device"] = found
+    return bool(found)
+
+
+def _callee_name(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
 def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[int, str]]]:
     """(the first CPU path, the first sign of several processes) of the checked file, each
     (line, why) or None."""
@@ -307,7 +344,7 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
                 else:
                     why = f"{ctx.segment(node)} checks for CUDA"
             elif node.attr in _RANKS:
-                rank = True
+                rank = node.attr == "local_rank" or _one_device_per_process(ctx)
             elif node.attr in _SPAWNS and id(node) in called:
                 base = ctx.segment(node.value).lower()
                 rank = "mp" in base or "multiprocessing" in base or "idist" in base
@@ -406,12 +443,32 @@ def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tup
     return min(found) if found else None
 
 
+def _type_test(test: ast.expr) -> bool:
+    """``isinstance(m, nn.BatchNorm2d)`` (also negated or combined): a test of a value's
+    type, which decides nothing about the machine a statement under it runs on."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _type_test(test.operand)
+    if isinstance(test, ast.BoolOp):
+        return all(_type_test(v) for v in test.values)
+    return (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Name)
+        and test.func.id in ("isinstance", "issubclass")
+    )
+
+
 def _move_statements(body: List[ast.stmt]) -> List[ast.AST]:
-    """The statements of ``body`` run whatever is tested (not inside an ``if``, a loop's
-    ``else``, a ``try`` handler, a nested function or class)."""
+    """The statements of ``body`` run whatever the machine (not inside an ``if``, a loop's
+    ``else``, a ``try`` handler, a nested function or class), an ``if`` on a value's type
+    aside (``for m in model.modules(): if isinstance(m, nn.BatchNorm2d): mask.cuda()``)."""
     out: List[ast.AST] = []
     for stmt in body:
-        if isinstance(stmt, (ast.If, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(stmt, ast.If):
+            if _type_test(stmt.test):
+                out.extend(_move_statements(stmt.body))
+                out.extend(_move_statements(stmt.orelse))
+            continue
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
             out.extend(_move_statements(stmt.body))
