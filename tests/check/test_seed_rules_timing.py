@@ -539,3 +539,29 @@ def test_weights_loaded_into_a_named_class_are_not_a_whole_model(tmp_path: Path)
         return out, state
     """
     assert _unpickled_project(tmp_path, _DETECTOR_MODULE, body) == [13]
+
+
+# -- issue 33, ninth batch: `loss.data[0]` spelled in two steps ------------------------------
+
+
+@pytest.mark.parametrize("kept", ["loss = crit(net(x), y).data", "loss = crit(net(x), y).detach()"])
+def test_a_number_read_from_a_data_name_in_two_steps_waits(kept: str) -> None:
+    # 0.3-era code keeps `.data` of the loss and reads the number with [0] after the loop
+    # (on that torch a Python float: a host copy); with `.detach()` it stays a tensor.
+    body = f"""
+    crit = torch.nn.CrossEntropyLoss()
+
+    def evaluate(batches):
+        total = 0
+        for x, y in batches:
+            {kept}
+            total += loss * len(x)
+        return total[0] / len(batches)
+
+    def timed(batches):
+        tic = time.time()
+        val = evaluate(batches)
+        print("took", time.time() - tic)
+        return val
+    """
+    assert _timing(body) == ([] if ".data" in kept else [14])

@@ -145,7 +145,7 @@ def _root_name(node: ast.AST) -> Optional[str]:
 class _Interval:
     """The events of one function in source order, for ST006's dataflow (one per scope)."""
 
-    __slots__ = ("defs", "uses", "pairs", "syncs", "calls", "local", "loops", "events")
+    __slots__ = ("defs", "uses", "pairs", "syncs", "calls", "local", "loops", "events", "data")
 
     def __init__(self) -> None:
         self.defs: Dict[str, List[Tuple[Pos, ast.Call]]] = {}  # var -> timer readings bound
@@ -156,6 +156,7 @@ class _Interval:
         self.local: Dict[int, str] = {}  # id(call) -> f / self.f: a function of the file
         self.loops: List[Tuple[Pos, Pos]] = []  # (start, end) of each loop body
         self.events: List[Tuple[Pos, str]] = []  # judged: (position, _SYNC / _WORK / _MAJOR)
+        self.data: Set[str] = set()  # names bound from a ``.data`` (``loss = crit(o, t).data``)
 
 
 def _looks_like_device(node: ast.AST) -> bool:
@@ -411,8 +412,8 @@ class UnsyncedCudaTiming(Rule):
     ``sync = torch.cuda.synchronize``), an event's or stream's ``.synchronize()``, a host
     copy (``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``, ``float(t)``, ``int(t)``,
     ``x.to("cpu")``, ``np.asarray(t)``, ``torch.save``, ``loss.data[0]`` on the old torch
-    that spelling supports, ``writer.add_scalar``), an op whose output size depends on the
-    data (``nonzero``, ``unique``, non-maximum suppression), a tensor predicate tested by
+    that spelling supports (also in two steps: ``loss = crit(o, t).data`` ...
+    ``loss[0]``), ``writer.add_scalar``), an op whose output size depends on the data (``nonzero``, ``unique``, non-maximum suppression), a tensor predicate tested by
     ``if``/``assert``, a barrier, printing or formatting a value (``f"{loss:.3f}"``,
     ``"%.3f" % loss``), a blocking copy to the device (``x.cuda()``, ``x.to(device)``
     without ``non_blocking=True``), a call of a function of the file that does any of these
@@ -454,6 +455,7 @@ class UnsyncedCudaTiming(Rule):
         ast.Constant,
         ast.Attribute,
         ast.Assign,
+        ast.AugAssign,
         ast.BinOp,
         ast.JoinedStr,
         ast.For,
@@ -509,12 +511,15 @@ class UnsyncedCudaTiming(Rule):
         if isinstance(node, ast.Call):
             self._visit_call(node)
         elif isinstance(node, ast.Assign):
+            self._note_data(node.targets, node.value)
             timer = self._timer(node.value) if len(node.targets) == 1 else None
             if timer is not None:
                 key = var_key(node.targets[0])
                 if key is not None:
                     events = self._events()
                     events.defs.setdefault(key, []).append((end_of(timer), timer))
+        elif isinstance(node, ast.AugAssign):
+            self._note_data([node.target], node.value)
         elif isinstance(node, ast.BinOp):
             if _string_format(node):
                 self._events().syncs.append(end_of(node))
@@ -543,7 +548,7 @@ class UnsyncedCudaTiming(Rule):
         elif isinstance(node, ast.Assert):
             self._tested(node.test)
         elif isinstance(node, ast.Subscript):
-            if _legacy_scalar(node):
+            if _legacy_scalar(node) or self._legacy_scalar_of_data(node):
                 self._events().syncs.append(end_of(node))
         elif isinstance(node, ast.Compare):
             # ``time.time() - t0 > limit``: a deadline, not a reported time
@@ -552,6 +557,29 @@ class UnsyncedCudaTiming(Rule):
                     self._compared.add(id(side))
         elif _is_cuda_marker(node):
             self._cuda_scopes.add(id(self.ctx.scope))
+
+    def _note_data(self, targets: List[ast.expr], value: ast.expr) -> None:
+        """Names bound from a ``.data`` or from such a name (``loss = crit(o, t).data``,
+        ``total += loss * n``): what code of the 0.3 era indexes with ``[0]`` for a number."""
+        data = self._events().data
+        if any(
+            (isinstance(n, ast.Attribute) and n.attr == "data")
+            or (isinstance(n, ast.Name) and n.id in data)
+            for n in self.ctx.walk(value)
+        ):
+            data.update(t.id for t in targets if isinstance(t, ast.Name))
+
+    def _legacy_scalar_of_data(self, node: ast.Subscript) -> bool:
+        """``total[0]`` of a name bound from a ``.data``: ``loss.data[0]`` spelled in two steps,
+        a Python number (read from the device) on the torch that code supports."""
+        return (
+            isinstance(node.value, ast.Name)
+            and node.value.id in self._events().data
+            and isinstance(node.ctx, ast.Load)
+            and isinstance(node.slice, ast.Constant)
+            and type(node.slice.value) is int
+            and node.slice.value == 0
+        )
 
     def _tested(self, test: ast.expr) -> None:
         """A tensor predicate tested by ``if``/``while``/``assert`` (``if torch.isnan(loss)
