@@ -413,7 +413,8 @@ class UnsyncedCudaTiming(Rule):
     copy (``.item()``, ``.cpu()``, ``.tolist()``, ``.numpy()``, ``float(t)``, ``int(t)``,
     ``x.to("cpu")``, ``np.asarray(t)``, ``torch.save``, ``loss.data[0]`` on the old torch
     that spelling supports (also in two steps: ``loss = crit(o, t).data`` ...
-    ``loss[0]``), ``writer.add_scalar``), an op whose output size depends on the data (``nonzero``, ``unique``, non-maximum suppression), a tensor predicate tested by
+    ``loss[0]``), ``writer.add_scalar``), an op whose output size depends on the data
+    (``nonzero``, ``unique``, non-maximum suppression), a tensor predicate tested by
     ``if``/``assert``, a barrier, printing or formatting a value (``f"{loss:.3f}"``,
     ``"%.3f" % loss``), a blocking copy to the device (``x.cuda()``, ``x.to(device)``
     without ``non_blocking=True``), a call of a function of the file that does any of these
