@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from safetorch.check.engine import Context
 from safetorch.check.fixer import parents
+from safetorch.check.rules._forward_shapes import made_by_batched_models
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
     FUNCTIONAL,
@@ -908,6 +909,10 @@ class ZeroDim:
             if attr in _BINARY and self_attr(func) is None:
                 first = self.decide(func.value, at, scope, depth)
                 return self._with_operands(first, _operands(call, call.args), at, scope, depth)
+        if isinstance(func, ast.Name) and not qual:
+            bound = self._bindings(scope).get(func.id) or self._bindings(self.ctx.tree).get(func.id)
+            if made_by_batched_models(self.ctx, [b[1] for b in bound or []]):
+                return False  # a model whose forward returns a row (errD = netD(x))
         loss = self._is_loss_module(func, at, scope, depth)
         if loss is None and isinstance(func, ast.Name) and not qual:
             if self.binding(func.id, at, scope) is None:

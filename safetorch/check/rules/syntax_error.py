@@ -10,7 +10,10 @@ class SyntaxErrorRule(Rule):
     """ST000: the file does not parse.
 
     Reported with the parser's message at its position; the other files are still checked.
-    Nothing else is reported for this file.
+    Nothing else is reported for this file. Where the error is evidently syntax newer than
+    the Python running the checker (Python 3.12's f-strings that reuse their quotes inside,
+    type parameters ``def f[T]`` / ``type X = ...``), the message says the file was not
+    checked and to run the checker with a newer Python, rather than calling the code broken.
 
     safetorch: none.
     """
