@@ -225,7 +225,7 @@ PITFALLS: Tuple[Pitfall, ...] = (
         "legacy",
         (
             *("ST017", "ST018", "ST019", "ST020", "ST021", "ST022", "ST023", "ST024", "ST025"),
-            *("ST026", "ST027", "ST028"),
+            *("ST026", "ST027", "ST028", "ST029"),
         ),
         (),
         "docs/patching.md#legacy-code-on-new-torch-legacy-patch",

@@ -7,7 +7,7 @@ Function (instance ``forward``/``backward``) raises, ``loss.data[0]`` raises an 
 ``Variable(x, volatile=True)`` silently builds a graph and ``type(h) == Variable`` is False for
 every tensor. This module is the one implementation of each old meaning, built on the modern
 API; the ``legacy`` patch family (``st.patch("legacy")``, on in ``safetorch run``) routes the
-old entry points here and ``safetorch check`` (ST017-ST028) rewrites call sites into the
+old entry points here and ``safetorch check`` (ST017-ST029) rewrites call sites into the
 modern spelling.
 
 Semantics are taken from torch's own documentation and sources of the releases that still

@@ -32,6 +32,7 @@ from safetorch.check.rules.legacy_0_4 import (
     LegacyRetainVariables,
     VolatileVariable,
     ZeroDimIndex,
+    ZeroDimIndexUnproven,
 )
 from safetorch.check.rules.legacy_1_x import LegacyAutogradFunction, RemovedLinalgFunction
 from safetorch.check.rules.legacy_keys import LegacyStateDictKeys
@@ -94,6 +95,7 @@ __all__ = [
     "TorchSixImport",
     "LegacyAutogradFunction",
     "ZeroDimIndex",
+    "ZeroDimIndexUnproven",
     "VolatileVariable",
     "LegacyLossReduction",
     "ForkAfterOpenMP",
@@ -137,6 +139,7 @@ RULES: Tuple[Type[Rule], ...] = (
     ViewOfStridedResult,
     LegacyRetainVariables,
     LegacyBceTargetShape,
+    ZeroDimIndexUnproven,
 )
 
 

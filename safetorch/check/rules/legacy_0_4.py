@@ -1,13 +1,13 @@
-"""APIs torch 0.4 changed (ST020 0-dim indexing, ST021 ``volatile=``, ST022 ``size_average=``/
+"""APIs torch 0.4 changed (ST020/ST029 0-dim indexing, ST021 ``volatile=``, ST022 ``size_average=``/
 ``reduce=``, ST027 ``backward(retain_variables=)``): the ``legacy`` patch's pitfall; the removals
 of torch 1.x are in ``legacy_1_x``."""
 
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Tuple, Union
+from typing import ClassVar, List, Optional, Tuple, Union
 
-from safetorch.check.engine import UNSAFE, Context, Edit, Fix
+from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import enclosing_statement, import_edit, parents, wrap_edits
 from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import (
@@ -24,7 +24,13 @@ from safetorch.check.rules._helpers import (
 )
 from safetorch.check.rules._zero_dim import SCALAR_NAMES, ZeroDim, int_constant, numpy_source
 
-__all__ = ["LegacyLossReduction", "LegacyRetainVariables", "VolatileVariable", "ZeroDimIndex"]
+__all__ = [
+    "LegacyLossReduction",
+    "LegacyRetainVariables",
+    "VolatileVariable",
+    "ZeroDimIndex",
+    "ZeroDimIndexUnproven",
+]
 
 
 class ZeroDimIndex(Rule):
@@ -45,9 +51,10 @@ class ZeroDimIndex(Rule):
     loss_function(...)``, ``out, loss = train(...)``), parameters to what every call site
     passes (a ``criterion`` parameter too: ``train(model, nn.MSELoss())``,
     ``step(F.mse_loss, ...)``), loss classes of the file to their ``forward``'s returns, and
-    accumulators (``total = 0; total += loss.data``). Where no producer is visible (a
-    parameter of a function the file never calls, an attribute) the name decides for
-    ``.data[0]`` (loss, acc, correct, total, err, cost), and such a finding has no fix.
+    accumulators (``total = 0; total += loss.data``). This rule reports what that flow
+    proves (each finding has its fix); where no producer is visible (a parameter of a
+    function the file never calls, an attribute) and only the name says it is a number,
+    ``zero-dim-index-unproven`` (preview) reports it, without a fix.
 
     Found the same way: ``x[0]`` / ``x[-1]`` without ``.data`` (``total_loss[0]``), and two
     idioms ``safetorch run`` shims only at run time (``st.legacy``'s legacy scalars):
@@ -85,9 +92,16 @@ class ZeroDimIndex(Rule):
     fix_applicability = UNSAFE
     node_types = (ast.Subscript,)
 
+    #: What the flow proves 0-dim (the findings with a fix); zero-dim-index-unproven the rest.
+    proven_only: ClassVar[bool] = True
+
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._zero_dim: Optional[ZeroDim] = None
+
+    def report(self, node: Positioned, message: str, fix: Optional[Fix] = None) -> None:
+        if (fix is not None) == self.proven_only:
+            super().report(node, message, fix)
 
     @property
     def flow(self) -> ZeroDim:
@@ -295,6 +309,30 @@ _VARIABLE = ("torch.autograd.Variable", "torch.autograd.variable.Variable")
 # Statements a `with torch.no_grad():` wrapped around the rest of a block must not hold: a
 # function or class defined there would not run under it when called later.
 _NOT_WRAPPED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+class ZeroDimIndexUnproven(ZeroDimIndex):
+    """ST029: ``loss.data[0]`` where only the name says the value is a number.
+
+    The zero-dim-index flow finds no producer of the value (a parameter of a function the file never
+    calls, an attribute, a model whose output it cannot see), but its name says it is a
+    loss or a count (loss, acc, correct, total, err, cost, criterion): on torch 0.4+ a 0-dim
+    value there raises at ``[0]``; a row of a batch does not. An integer index used as a dict
+    key (``index2word[topi[0][0]]``) of dimensions the flow cannot see is reported here too.
+    Check what produces the value: if it is 0-dim, ``.item()``.
+
+    Fix (manual): ``x.item()`` where the value is 0-dim.
+
+    safetorch: ``st.legacy.zero_dim_index``.
+    """
+
+    code = "ST029"
+
+    preview = True  # the name decides: below the 97% bar on the held-out half (docs/check.md)
+
+    name = "zero-dim-index-unproven"
+    fixable = False
+    proven_only = False
 
 
 class VolatileVariable(Rule):
