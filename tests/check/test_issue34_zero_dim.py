@@ -17,7 +17,9 @@ HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n
 
 
 def _findings(body: str) -> List[Diagnostic]:
-    return [d for d in check_source(HEADER + textwrap.dedent(body), select=["ST020"])]
+    """ST020's findings (the flow proves 0-dim) and ST029's (only the name or nothing says)."""
+    source = HEADER + textwrap.dedent(body)
+    return [d for d in check_source(source, select=["ST020", "ST029"])]
 
 
 def _run_fixed(body: str) -> Dict[str, Any]:
@@ -79,6 +81,7 @@ def test_a_name_alone_reports_without_a_fix() -> None:
     (finding,) = _findings("def f(loss):\n    return loss.data[0]\n")
     assert finding.fix is None
     assert "no fix is offered" in finding.message
+    assert finding.code == "ST029"  # the name decides: the preview rule, not ST020
 
 
 def test_a_tensor_of_a_list_name_is_not_0_dim() -> None:
