@@ -27,6 +27,7 @@ from typing import (
     Union,
 )
 
+from safetorch.check._newer_syntax import newer_syntax
 from safetorch.check.project import Project, parse
 
 T = TypeVar("T")
@@ -643,51 +644,11 @@ def _collect_toplevel_imports(ctx: Context) -> None:
                     todo.extend(handler.body)
 
 
-def _parses(source: str) -> bool:
-    try:
-        parse(source)
-    except SyntaxError:
-        return False
-    return True
-
-
-# Syntax of Python releases newer than the one running the checker, detected by what its
-# parser accepts (no version check): Python 3.12's f-strings that reuse their quotes inside
-# (PEP 701) and type parameters (PEP 695).
-_NEWER_SYNTAX = tuple(
-    (message, line, what)
-    for probe, message, line, what in (
-        (
-            'f"{d["k"]}"',
-            re.compile(r"^f-string"),
-            re.compile(r"""f"[^"\n]*\{[^}\n]*"|f'[^'\n]*\{[^}\n]*'"""),
-            "an f-string reusing its quotes inside",
-        ),
-        (
-            "def f[T](x: T) -> T: return x\ntype P = int",
-            re.compile(""),
-            re.compile(r"^\s*(?:(?:async\s+)?def|class)\s+\w+\s*\[|^\s*type\s+\w+\s*(?:\[|=)"),
-            "type parameters (def f[T], class C[T], type X = ...)",
-        ),
-    )
-    if not _parses(probe)
-)
-
-
-def _newer_syntax(msg: str, text: str) -> Optional[str]:
-    """What newer syntax the error is evidently about (its message and the line it is on)."""
-    for message, line, what in _NEWER_SYNTAX:
-        if message.search(msg) and line.search(text):
-            return what
-    return None
-
-
 def _syntax_error(path: str, source: str, exc: Exception) -> Diagnostic:
     line = getattr(exc, "lineno", None) or 1
     col = getattr(exc, "offset", None) or 1
     msg = getattr(exc, "msg", None) or str(exc)
-    lines = source.splitlines()
-    newer = _newer_syntax(msg, lines[line - 1] if 0 < line <= len(lines) else "")
+    newer = newer_syntax(source, line, msg)
     if newer is not None:
         msg += (
             f"; the file was not checked: {newer} is Python 3.12 syntax, which the Python "

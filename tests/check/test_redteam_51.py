@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Sequence
 import pytest
 
 from safetorch.check import check_source, project
-from safetorch.check.engine import _parses
+from safetorch.check._newer_syntax import parses as _parses
 from safetorch.check.runner import check_paths
 
 
@@ -75,12 +75,6 @@ class Loss(nn.Module):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST020's batched-model test matches classes by bare name across "
-    "the project, so another module's row-returning class of the same name silences a "
-    "proven 0-dim finding of the file's own class",
-)
 def test_st020_a_same_named_class_elsewhere_does_not_hide_a_proven_finding(
     tmp_path: Path,
 ) -> None:
@@ -99,11 +93,6 @@ print(errD.data[0])
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: a class imported from one module is taken as batched because "
-    "a class of the same name in another module returns a row",
-)
 def test_st029_the_imported_class_decides_not_a_namesake(tmp_path: Path) -> None:
     wgan = (
         "import torch.nn as nn\n\nclass Critic(nn.Module):\n"
@@ -136,11 +125,6 @@ _NOT_A_ROW = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: a forward counted as returning a row (non-literal view "
-    "argument, rebinding the checker does not follow, a method named cat) returns 0-dim",
-)
 @pytest.mark.parametrize("forward", sorted(_NOT_A_ROW))
 def test_st029_a_forward_that_may_return_0_dim_keeps_the_finding(
     tmp_path: Path, forward: str
@@ -160,11 +144,6 @@ _NEWER_PARSES = _parses('f"{d["k"]}"') and _parses("type P = int")
 
 
 @pytest.mark.skipif(_NEWER_PARSES, reason="only a Python older than 3.12 gives this message")
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: code that no Python parses is said to be Python 3.12 syntax "
-    "that was not checked",
-)
 @pytest.mark.parametrize(
     "source",
     [
@@ -182,11 +161,6 @@ def test_st000_broken_code_is_not_called_newer_syntax(source: str) -> None:
 
 
 @pytest.mark.skipif(_NEWER_PARSES, reason="this Python parses Python 3.12 f-strings")
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: f-strings of Python 3.12 with a backslash or a comment in the "
-    "expression are called broken instead of not checked",
-)
 @pytest.mark.parametrize(
     "source",
     [

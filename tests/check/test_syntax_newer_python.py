@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from safetorch.check import check_source
-from safetorch.check.engine import _parses
+from safetorch.check._newer_syntax import parses as _parses
 
 NEWER = {
     "nested_quotes": 'd = {"k": 1}\nprint(f"{d["k"]}")\n',

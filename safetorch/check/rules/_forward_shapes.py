@@ -20,7 +20,8 @@ Standard library only, like the rest of ``safetorch.check``.
 from __future__ import annotations
 
 import ast
-from typing import FrozenSet, List, Optional, Sequence
+import posixpath
+from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 from safetorch.check.engine import Context
 from safetorch.check.rules._helpers import FUNCTION_DEFS, start_of, statements_in_order
@@ -33,10 +34,45 @@ _AT_LEAST_1D = frozenset({"unsqueeze", "flatten", "unflatten"})
 _STACKING = frozenset({"cat", "stack", "hstack", "vstack", "concat", "concatenate"})
 
 
+def _int_literal(node: ast.AST) -> bool:
+    """``1``, ``-1``."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _rebound_otherwise(fn: ast.AST, name: str) -> bool:
+    """``name`` is bound in ``fn`` by more than plain ``name = value`` (a tuple target, a
+    ``for`` or ``with`` target, ``:=``, ``+=``) or changed in place (``name.squeeze_()``)."""
+    for node in ast.walk(fn):
+        targets: List[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for t in node.targets if not isinstance(t, ast.Name)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+            targets = [node.target]
+        elif isinstance(node, ast.NamedExpr):
+            targets = [node.target]
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.endswith("_")
+            and not node.func.attr.startswith("_")
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == name
+        ):
+            return True
+        if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+            return True
+    return False
+
+
 def _at_least_1d(expr: Optional[ast.AST], fn: ast.AST, before: int, depth: int = 0) -> bool:
     """``expr`` (returned by ``fn`` at line ``before``) is evidently a tensor of one dimension
     or more: ``x.view(1)``, ``x.view(n, -1)``, ``x.unsqueeze(0)``, ``torch.cat(...)``, or a
-    name of ``fn`` last bound to one of those."""
+    name of ``fn`` bound only by plain assignments, the last one before of those. A single
+    argument of ``view`` that is not a literal may be an empty shape or a dtype."""
     if depth > 3 or expr is None:
         return False
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
@@ -44,13 +80,19 @@ def _at_least_1d(expr: Optional[ast.AST], fn: ast.AST, before: int, depth: int =
         if attr in ("view", "reshape") and args:
             if any(isinstance(a, ast.Starred) for a in args):
                 return False
-            if len(args) == 1 and isinstance(args[0], (ast.Tuple, ast.List)):
-                return len(args[0].elts) >= 1
-            return True  # one argument per dimension: at least one
+            if len(args) >= 2:
+                return True  # one argument per dimension
+            (arg,) = args
+            if isinstance(arg, (ast.Tuple, ast.List)):
+                return len(arg.elts) >= 1 and not any(isinstance(e, ast.Starred) for e in arg.elts)
+            return _int_literal(arg)
         if attr in _AT_LEAST_1D:
             return True
-        return attr in _STACKING and isinstance(expr.func.value, ast.Name)
+        owner = expr.func.value
+        return attr in _STACKING and isinstance(owner, ast.Name) and owner.id == "torch"
     if isinstance(expr, ast.Name):
+        if _rebound_otherwise(fn, expr.id):
+            return False
         bound = [
             stmt.value
             for stmt in statements_in_order(getattr(fn, "body", []))
@@ -93,19 +135,45 @@ def batched_models(tree: ast.Module, path: str) -> FrozenSet[str]:
     return frozenset(found)
 
 
+def _module_files(ctx: Context, module: str) -> List[str]:
+    """Where the project file of the dotted ``module`` would be, relative to the project root:
+    from the root and from the checked file's directory (``pkg/mod.py``, ``pkg/mod/__init__.py``)."""
+    here = posixpath.dirname(ctx.project.relpath(ctx.path))
+    stems = [posixpath.join(base, *module.split(".")) for base in ("", here)]
+    return [f for stem in stems for f in (stem + ".py", posixpath.join(stem, "__init__.py"))]
+
+
+def _class_file(ctx: Context, func: ast.AST) -> Optional[Tuple[str, str]]:
+    """(project file, class name) of the class a call builds: a class of the file itself,
+    ``from mod import C``, ``mod.C`` with ``import mod``; None where it is not resolved."""
+    here = ctx.project.relpath(ctx.path)
+    if isinstance(func, ast.Name):
+        if any(isinstance(n, ast.ClassDef) and n.name == func.id for n in ctx.tree.body):
+            return here, func.id
+        qual = ctx.imports.get(func.id)
+        module, _, name = (qual or "").rpartition(".")
+    elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        module, name = ctx.imports.get(func.value.id, ""), func.attr
+    else:
+        return None
+    if not module or not name:
+        return None
+    facts = ctx.project_facts("ST020-batched", batched_models)
+    found = [f for f in _module_files(ctx, module) if f in facts]
+    return (found[0], name) if found else None
+
+
 def made_by_batched_models(ctx: Context, values: Sequence[ast.AST]) -> bool:
-    """Every value a model name is bound to is an instance of such a class of the project
-    (``netD = dcgan.DCGAN_D(...)`` on one branch, ``mlp.MLP_D(...)`` on the other)."""
+    """Every value a model name is bound to is an instance of such a class of the project,
+    the class found where the file imports it from (``netD = dcgan.DCGAN_D(...)`` on one
+    branch, ``mlp.MLP_D(...)`` on the other); a namesake elsewhere says nothing."""
     if not values:
         return False
-    names = {
-        n for found in ctx.project_facts("ST020-batched", batched_models).values() for n in found
-    }
+    facts = ctx.project_facts("ST020-batched", batched_models)
     for value in values:
         if not isinstance(value, ast.Call):
             return False
-        func = value.func
-        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        if called not in names:
+        found = _class_file(ctx, value.func)
+        if found is None or found[1] not in facts.get(found[0], frozenset()):
             return False
     return True
