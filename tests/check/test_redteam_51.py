@@ -198,11 +198,6 @@ _PLAIN_NET = "import torch\nNet = torch.nn.Linear\n"
 _CUDA_NET = "import torch\n\ndef Net():\n    return torch.nn.Linear(3, 3).cuda()\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST004 calls a script CPU-only though the project module it "
-    "imports (through a src/ path, a re-export) puts the model on CUDA",
-)
 @pytest.mark.parametrize("layout", ["src-path", "re-export"])
 def test_st004_a_cuda_module_imported_indirectly_is_seen(tmp_path: Path, layout: str) -> None:
     if layout == "src-path":
@@ -224,12 +219,6 @@ def test_st004_a_cuda_module_imported_indirectly_is_seen(tmp_path: Path, layout:
     assert _project(tmp_path, files, "export.py", ["ST004"]) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST004 calls a script CPU-only because it never spells 'cuda', "
-    "though it runs on a GPU (device index 0, Lightning's gpu accelerator, the CUDA default "
-    "tensor type, a device named by the environment)",
-)
 @pytest.mark.parametrize(
     "move",
     [
@@ -272,11 +261,6 @@ _TYPE_TESTS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST004 takes a .cuda() under any isinstance test (or its else) "
-    "as unconditional, so a script with a CPU path is called CUDA-only",
-)
 @pytest.mark.parametrize("case", sorted(_TYPE_TESTS))
 def test_st004_a_type_test_can_still_be_the_cpu_path(tmp_path: Path, case: str) -> None:
     prune = _PRUNE.format(move=_TYPE_TESTS[case])
@@ -300,11 +284,6 @@ state = torch.load("runs/last.pth")
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST004's device-per-process evidence fires on 'rank' inside any "
-    "name (a reranker) and on DataParallel's device_ids",
-)
 @pytest.mark.parametrize(
     "extra",
     [

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import posixpath
+import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from safetorch.check.engine import Context
@@ -301,20 +302,26 @@ def _one_device_per_process(ctx: Context) -> bool:
                 found = True
             elif isinstance(node, ast.Constant) and node.value == "LOCAL_RANK":
                 found = True
-            elif isinstance(node, ast.keyword) and node.arg in ("device_ids", "output_device"):
-                found = True
             elif isinstance(node, ast.Call) and _callee_name(node) in _SPAWNS:
                 found = True
+            elif isinstance(node, ast.Call) and _callee_name(node) in _DDP_NAMES:
+                # DDP(model, device_ids=[rank]); DataParallel's device_ids are one process's
+                found = any(k.arg in ("device_ids", "output_device") for k in node.keywords)
             elif (
                 isinstance(node, ast.Call)
                 and _callee_name(node) in ("cuda", "to", "device")
-                and any("rank" in ctx.segment(a).lower() for a in node.args)
+                and any(_RANK_WORD.search(ctx.segment(a)) for a in node.args)
             ):
                 found = True  # model.cuda(rank), x.to(rank), torch.device(f"cuda:{rank}")
             if found:
                 break
         ctx.cache["ST004-per-device"] = found
     return bool(found)
+
+
+# A rank as a word of an expression (``rank``, ``args.local_rank``; not ``reranker_device``).
+_RANK_WORD = re.compile(r"(?<![A-Za-z0-9_])(?:local_)?rank(?![A-Za-z0-9])", re.IGNORECASE)
+_DDP_NAMES = frozenset({"DistributedDataParallel", "DDP"})
 
 
 def _callee_name(node: ast.Call) -> str:
@@ -376,47 +383,105 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
     return found
 
 
-def _imported_files(ctx: Context) -> List[str]:
-    """The project files the checked file imports (``import a.b``, ``from a.b import c``,
-    ``from .b import c``), as paths relative to the project root: the module's file or its
-    package's ``__init__.py``, looked up from the root and from the file's own directory."""
-    here = posixpath.dirname(ctx.project.relpath(ctx.path))
-    names: List[Tuple[str, str]] = []  # (base directory, dotted module)
-    for node in ctx.walk(ctx.tree):
+# Words of a name, attribute, keyword or string that may put work on a GPU (``.to(device)``,
+# ``Trainer(accelerator="gpu")``, ``set_default_tensor_type("torch.cuda.FloatTensor")``).
+_GPU_WORDS = re.compile(
+    r"(?<![a-z])(?:cuda|gpus?|devices?|accelerators?|mps|xpu|tpu|lightning|trainer|tensor_type)"
+    r"(?![a-z])"
+)
+# Modules a CPU-only script may import besides the project's own: none puts work on a GPU by
+# itself (an import of anything else, or one the checker cannot resolve, is no evidence).
+_NEUTRAL_MODULES = frozenset(
+    {"__future__", "torch", "torchvision", "numpy", "PIL", "cv2", "onnx", "onnxruntime"}
+    | {"argparse", "os", "sys", "json", "math", "time", "random", "re", "collections"}
+    | {"itertools", "functools", "pathlib", "glob", "shutil", "logging", "pickle", "copy"}
+    | {"typing", "dataclasses", "warnings", "io", "csv", "datetime", "tqdm", "yaml", "scipy"}
+    | {"matplotlib", "struct", "string", "textwrap", "operator", "abc", "enum", "contextlib"}
+    | {"tempfile", "hashlib", "zipfile", "pandas", "h5py", "imageio", "skimage"}
+)
+
+Imports = Tuple[Tuple[int, str, Tuple[str, ...]], ...]
+
+
+def gpu_facts(tree: ast.Module, path: str) -> Tuple[bool, Imports]:
+    """(whether a file's own words may put work on a GPU, its imports as (level, module,
+    names)): a gather function for ``project_facts``. A ``sys.path`` change counts as the
+    former (its imports cannot be followed), and so does ``.to(0)``."""
+    gpu = False
+    imports: List[Tuple[int, str, Tuple[str, ...]]] = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.extend(("", alias.name) for alias in node.names)
-            names.extend((here, alias.name) for alias in node.names)
+            imports.extend((0, a.name, ()) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here
-                for _ in range(node.level - 1):
-                    base = posixpath.dirname(base)
-                bases = [base]
-            else:
-                bases = ["", here]
-            module = node.module or ""
-            for base in bases:
-                names.append((base, module))
-                names.extend((base, f"{module}.{a.name}".strip(".")) for a in node.names)
-    files = []
-    for base, module in names:
-        stem = posixpath.join(base, *module.split(".")) if module else base
-        files += [stem + ".py", posixpath.join(stem, "__init__.py")]
-    return files
+            imports.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+        elif not gpu:
+            word = ""
+            if isinstance(node, ast.Name):
+                word = node.id
+            elif isinstance(node, ast.Attribute):
+                word = node.attr
+                gpu = word == "path" and isinstance(node.value, ast.Name) and node.value.id == "sys"
+            elif isinstance(node, ast.keyword):
+                word = node.arg or ""
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                word = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                gpu = node.func.attr == "to" and any(
+                    isinstance(a, ast.Constant) and type(a.value) is int for a in node.args
+                )
+            gpu = gpu or bool(_GPU_WORDS.search(word.lower()))
+    return gpu, tuple(imports)
+
+
+def _project_imports(here: str, imports: Imports, files: Set[str]) -> Optional[List[str]]:
+    """The project files ``imports`` (of the file ``here``) reach, looked up from the project
+    root and from the file's directory; None where one is neither the project's nor a module
+    known to put nothing on a GPU."""
+    folder = posixpath.dirname(here)
+    found: List[str] = []
+    for level, module, names in imports:
+        if level:
+            base = folder
+            for _ in range(level - 1):
+                base = posixpath.dirname(base)
+            bases = [base]
+        else:
+            bases = ["", folder]
+        dotted = [module] + [f"{module}.{n}".strip(".") for n in names]
+        stems = [posixpath.join(b, *d.split(".")) if d else b for b in bases for d in dotted]
+        hits = [f for st in stems for f in (st + ".py", posixpath.join(st, "__init__.py"))]
+        hits = [f for f in hits if f in files]
+        if hits:
+            found.extend(hits)
+        elif level or module.split(".")[0] not in _NEUTRAL_MODULES:
+            return None
+    return found
 
 
 def _cpu_only_script(ctx: Context) -> Optional[Tuple[int, str]]:
     """(line, why) for a script (``if __name__ == "__main__":``) that puts nothing on a GPU:
-    neither it nor a project module it imports names CUDA, so it runs on the CPU wherever
-    it runs. None otherwise (a library module, a script that uses CUDA somewhere)."""
+    neither it nor a project module it imports (transitively) has a word that may (``cuda``,
+    ``gpu``, ``device``, ``accelerator``, ``Trainer``, ``.to(0)``), and every module it
+    imports is the project's or one known to put nothing on a GPU. None otherwise (a library
+    module, a script that may use a GPU, imports the checker cannot follow)."""
     guard = next(
         (s for s in ctx.tree.body if isinstance(s, ast.If) and is_main_guard(s.test)), None
     )
-    if guard is None or mentions_cuda(ctx.tree, ctx.path):
+    if guard is None or not ctx.project.complete:
         return None
-    cuda_files = ctx.project_facts("ST004-cuda-files", mentions_cuda)
-    if not ctx.project.complete or any(cuda_files.get(f) for f in _imported_files(ctx)):
-        return None
+    facts = ctx.project_facts("ST004-gpu-facts", gpu_facts)
+    files = set(facts)
+    todo, seen = [ctx.project.relpath(ctx.path)], set()
+    while todo:
+        here = todo.pop()
+        if here in seen:
+            continue
+        seen.add(here)
+        gpu, imports = facts.get(here, (True, ()))
+        reached = _project_imports(here, imports, files)
+        if gpu or reached is None or len(seen) > 50:
+            return None
+        todo.extend(reached)
     return guard.lineno, "a script that never puts anything on a GPU"
 
 
@@ -444,16 +509,20 @@ def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tup
 
 
 def _type_test(test: ast.expr) -> bool:
-    """``isinstance(m, nn.BatchNorm2d)`` (also negated or combined): a test of a value's
-    type, which decides nothing about the machine a statement under it runs on."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _type_test(test.operand)
-    if isinstance(test, ast.BoolOp):
-        return all(_type_test(v) for v in test.values)
-    return (
+    """``isinstance(m, nn.BatchNorm2d)``: a test of a layer's type (a class of ``nn``, not a
+    parallel wrapper), which decides nothing about the machine the statement under it runs
+    on (``isinstance(gpu, int)`` may be the CPU switch itself)."""
+    if not (
         isinstance(test, ast.Call)
         and isinstance(test.func, ast.Name)
-        and test.func.id in ("isinstance", "issubclass")
+        and test.func.id == "isinstance"
+        and len(test.args) == 2
+    ):
+        return False
+    kinds = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
+    texts = [ast.unparse(k) for k in kinds]
+    return all(t.startswith(("nn.", "torch.nn.")) and "Parallel" not in t for t in texts) and bool(
+        texts
     )
 
 
@@ -466,7 +535,6 @@ def _move_statements(body: List[ast.stmt]) -> List[ast.AST]:
         if isinstance(stmt, ast.If):
             if _type_test(stmt.test):
                 out.extend(_move_statements(stmt.body))
-                out.extend(_move_statements(stmt.orelse))
             continue
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
