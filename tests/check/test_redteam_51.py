@@ -1,8 +1,6 @@
-"""Red team, stop 51: inputs on which this stop's new exceptions make the checker wrong.
-
-Every test is a strict xfail: it states what the checker should do and fails on the code of
-this stop. Drop the marker of a test once the rule is fixed.
-"""
+"""Red team, stop 51: inputs on which this stop's first versions of its new exceptions made
+the checker wrong (each failed as a strict xfail on them); the rules were fixed the same stop
+and every case now holds."""
 
 from __future__ import annotations
 
@@ -310,11 +308,6 @@ def train(model, path, n_gpu, args):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST011 drops the bare side of any `a.module.state_dict() if c "
-    "else a.state_dict()` whatever c tests, also when it is taken for the wrapped model",
-)
 @pytest.mark.parametrize(
     "expr",
     [
@@ -374,11 +367,6 @@ def bench(train_set):
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST006 takes [0] of any name ever bound from (or through) a "
-    ".data as a host read, so an unsynced interval is silenced",
-)
 @pytest.mark.parametrize("case", sorted(_DATA_BODIES))
 def test_st006_index_of_a_name_not_holding_a_data_loss_is_no_sync(case: str) -> None:
     body = _DATA_BODIES[case]
@@ -420,22 +408,12 @@ def infer(image):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST006 treats a name once bound to torch.load's result as an "
-    "unpickled model even after it is rebound to the file's own class",
-)
 def test_st006_a_rebound_name_is_not_an_unpickled_model(tmp_path: Path) -> None:
     files = {"losses.py": _LOSSES, "demo.py": _SMALL}
     printed = _line_of(_SMALL, 'print("took"')
     assert _project(tmp_path, files, "demo.py", ["ST006"]) == [printed]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST006 lets any project class that reads back (a loss) stand "
-    "for an unpickled model's class",
-)
 def test_st006_only_a_loss_class_reads_back(tmp_path: Path) -> None:
     demo = _SMALL.replace(
         'model = torch.load("small_weights.pt")\nmodel = Small().cuda()',
@@ -449,12 +427,6 @@ def test_st006_only_a_loss_class_reads_back(tmp_path: Path) -> None:
 # -- ST012: a key checker whose own keys mention another argument ------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team stop 51: ST012's key checker drops the model's keys as reference when "
-    "the expression mentions any other passed argument (a suffix to skip), not only a "
-    "reference that replaces them",
-)
 def test_st012_a_filtered_reference_of_the_models_keys_is_still_a_key_check() -> None:
     source = """
     import torch

@@ -45,6 +45,25 @@ def _state_dict_of(node: ast.AST) -> Optional[ast.expr]:
     return None
 
 
+def _tests_the_wrap(test: ast.expr) -> Optional[bool]:
+    """True for a test that holds where the model is wrapped (``hasattr(m, "module")``,
+    ``isinstance(m, DataParallel)``, ``is_parallel(m)``), False for its negation, None for
+    a test of anything else (``args.ema``)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _tests_the_wrap(test.operand)
+        return None if inner is None else not inner
+    if not isinstance(test, ast.Call):
+        return None
+    func = test.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if name == "hasattr" and len(test.args) == 2:
+        key = test.args[1]
+        return True if isinstance(key, ast.Constant) and key.value == "module" else None
+    if name == "isinstance" and len(test.args) == 2:
+        return True if "Parallel" in ast.unparse(test.args[1]) else None
+    return True if "parallel" in name.lower() else None
+
+
 def _state_dict_holders(ctx: Context, expr: ast.AST) -> Iterator[Tuple[ast.Call, ast.expr]]:
     """``(m.state_dict() call, m)`` for every ``m.state_dict()`` inside ``expr``, but the
     bare side of an unwrap (``m.module.state_dict() if is_parallel(m) else m.state_dict()``:
@@ -52,16 +71,19 @@ def _state_dict_holders(ctx: Context, expr: ast.AST) -> Iterator[Tuple[ast.Call,
     unwrapped: Set[int] = set()
     for sub in ctx.walk(expr):
         if isinstance(sub, ast.IfExp):
-            sides = (sub.body, sub.orelse)
-            for side, other in (sides, sides[::-1]):
-                held, inner = _state_dict_of(side), _state_dict_of(other)
-                if (
-                    held is not None
-                    and isinstance(inner, ast.Attribute)
-                    and inner.attr == "module"
-                    and ctx.segment(inner.value) == ctx.segment(held)
-                ):
-                    unwrapped.add(id(side))
+            wrapped = _tests_the_wrap(sub.test)
+            if wrapped is None:
+                continue  # `if args.ema`: decides nothing about the wrap
+            inner = _state_dict_of(sub.body if wrapped else sub.orelse)
+            bare = sub.orelse if wrapped else sub.body
+            held = _state_dict_of(bare)
+            if (
+                held is not None
+                and isinstance(inner, ast.Attribute)
+                and inner.attr == "module"
+                and ctx.segment(inner.value) == ctx.segment(held)
+            ):
+                unwrapped.add(id(bare))
     for sub in ctx.walk(expr):
         held = _state_dict_of(sub)
         if held is not None and id(sub) not in unwrapped and isinstance(sub, ast.Call):
@@ -556,6 +578,21 @@ def _is_own_state(node: ast.AST, model_param: str) -> bool:
     )
 
 
+def _alternatives(value: ast.AST) -> Set[str]:
+    """Names ``value`` may be instead of what it computes: a side of a conditional expression
+    or an operand of ``or``/``and`` (``ref if ref is not None else model.state_dict()``,
+    ``ref or model.state_dict()``); not a name used inside (``if not k.endswith(skip)``)."""
+    found: Set[str] = set()
+    for node in ast.walk(value):
+        sides: List[ast.AST] = []
+        if isinstance(node, ast.IfExp):
+            sides = [node.body, node.orelse]
+        elif isinstance(node, ast.BoolOp):
+            sides = list(node.values)
+        found.update(s.id for s in sides if isinstance(s, ast.Name))
+    return found
+
+
 def _checker_compares(
     ctx: Context, function: ast.AST, sd_param: str, model_param: str, passed: Set[str]
 ) -> bool:
@@ -577,7 +614,7 @@ def _checker_compares(
                 isinstance(sub, ast.Call) and _is_own_state(sub.func, model_param)
                 for sub in ctx.walk(node.value)
             )
-            and not any(isinstance(n, ast.Name) and n.id in others for n in ctx.walk(node.value))
+            and not (_alternatives(node.value) & others)
         ):
             own_seeds.update(t.id for t in node.targets if isinstance(t, ast.Name))
     own = _derived(ctx, function, own_seeds) - loaded

@@ -336,6 +336,12 @@ def _runs_when_called(node: ast.AST) -> List[ast.AST]:
     return out
 
 
+def _model_class(name: str) -> bool:
+    """A class name that may be a model's (not a loss's or a criterion's)."""
+    lowered = name.lower()
+    return name[:1].isupper() and "loss" not in lowered and "criterion" not in lowered
+
+
 def _made_by(value: ast.AST) -> str:
     """The name of what builds ``value``: ``Net`` for ``Net(...)``, ``Net(...).cuda()``,
     ``Net(...).to(device).eval()``; "" for anything else."""
@@ -512,7 +518,7 @@ class UnsyncedCudaTiming(Rule):
         if isinstance(node, ast.Call):
             self._visit_call(node)
         elif isinstance(node, ast.Assign):
-            self._note_data(node.targets, node.value)
+            self._note_data(node.targets, node.value, False)
             timer = self._timer(node.value) if len(node.targets) == 1 else None
             if timer is not None:
                 key = var_key(node.targets[0])
@@ -520,7 +526,7 @@ class UnsyncedCudaTiming(Rule):
                     events = self._events()
                     events.defs.setdefault(key, []).append((end_of(timer), timer))
         elif isinstance(node, ast.AugAssign):
-            self._note_data([node.target], node.value)
+            self._note_data([node.target], node.value, True)
         elif isinstance(node, ast.BinOp):
             if _string_format(node):
                 self._events().syncs.append(end_of(node))
@@ -559,16 +565,40 @@ class UnsyncedCudaTiming(Rule):
         elif _is_cuda_marker(node):
             self._cuda_scopes.add(id(self.ctx.scope))
 
-    def _note_data(self, targets: List[ast.expr], value: ast.expr) -> None:
-        """Names bound from a ``.data`` or from such a name (``loss = crit(o, t).data``,
-        ``total += loss * n``): what code of the 0.3 era indexes with ``[0]`` for a number."""
+    def _note_data(self, targets: List[ast.expr], value: ast.expr, augmented: bool) -> None:
+        """Names holding a loss's ``.data`` (``loss = crit(o, t).data``; ``total += loss * n``):
+        what code of the 0.3 era indexes with ``[0]`` for a number. A name rebound to anything
+        else no longer holds one; a value passed through a call (a model) is not one."""
         data = self._events().data
-        if any(
-            (isinstance(n, ast.Attribute) and n.attr == "data")
-            or (isinstance(n, ast.Name) and n.id in data)
-            for n in self.ctx.walk(value)
-        ):
-            data.update(t.id for t in targets if isinstance(t, ast.Name))
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        if self._data_value(value, data):
+            data.update(names)
+        elif not augmented:
+            data.difference_update(names)
+
+    def _data_value(self, value: ast.expr, data: Set[str]) -> bool:
+        """``f(...).data``, or arithmetic of such values, names holding them and numbers."""
+        if isinstance(value, ast.Attribute) and value.attr == "data":
+            return isinstance(value.value, ast.Call)
+        if isinstance(value, ast.Name):
+            return value.id in data
+        if isinstance(value, ast.BinOp):
+            sides = (value.left, value.right)
+            return any(self._data_value(v, data) for v in sides) and all(
+                self._data_value(v, data) or self._number_like(v) for v in sides
+            )
+        if isinstance(value, ast.UnaryOp):
+            return self._data_value(value.operand, data)
+        return False
+
+    @staticmethod
+    def _number_like(value: ast.expr) -> bool:
+        """A number or a name/attribute/``len(...)`` a number is usually in (``n``, ``args.bs``)."""
+        if isinstance(value, ast.Constant):
+            return isinstance(value.value, (int, float))
+        if isinstance(value, ast.Call):
+            return isinstance(value.func, ast.Name) and value.func.id in ("len", "float", "int")
+        return isinstance(value, (ast.Name, ast.Attribute))
 
     def _legacy_scalar_of_data(self, node: ast.Subscript) -> bool:
         """``total[0]`` of a name bound from a ``.data``: ``loss.data[0]`` spelled in two steps,
@@ -683,6 +713,8 @@ class UnsyncedCudaTiming(Rule):
                 if not more:
                     break
                 found |= more
+            # A name also bound to something else (model = Small().cuda()) may not be one.
+            found -= {k for k, v in bindings if k in found and not self._unpickled(v, found)}
             self.ctx.cache["st006_loaded_whole"] = found
         return found
 
@@ -708,13 +740,13 @@ class UnsyncedCudaTiming(Rule):
         """``call`` runs code of the project that may wait for the GPU: a function or class
         (its ``forward``, a loss) of the project's modules, by the name it is imported or
         defined under, or a name the file binds to an instance of one. A model the file
-        unpickled whole runs a class the file never names: it may wait when a class of the
-        project does (a detector whose eval forward suppresses boxes)."""
+        unpickled whole runs a class the file never names: it may wait when a model class of
+        the project does (a detector whose eval forward suppresses boxes; not a loss)."""
         names = self._project_syncs()
         if not names:
             return False
         func = call.func
-        if var_key(func) in self._loaded_whole() and any(n[:1].isupper() for n in names):
+        if var_key(func) in self._loaded_whole() and any(_model_class(n) for n in names):
             return True
         called = {_call_name(func)} if isinstance(func, ast.Name) else set()
         if isinstance(func, ast.Name):
