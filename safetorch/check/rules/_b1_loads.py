@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from safetorch.check.rules._helpers import FUNCTION_DEFS, bound_names
+from safetorch.check.rules._helpers import FUNCTION_DEFS, bound_names, call_name
 from safetorch.check.rules._wrapped import Branch, is_main_guard, statements_with_branch
 
 # A receiver whose name says it is not the model.
@@ -53,13 +53,6 @@ class FileLoads(NamedTuple):
     stripping_functions: Tuple[str, ...]
 
 
-def _callee(call: ast.Call) -> str:
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
-
-
 def is_wrapper_call(node: Optional[ast.AST]) -> bool:
     """``DataParallel(m)``, ``DistributedDataParallel(m)``, ``DDP(m)``, ``smart_DDP(m)``,
     seen through ``.cuda()``/``.to(...)`` chained on it.
@@ -75,7 +68,7 @@ def is_wrapper_call(node: Optional[ast.AST]) -> bool:
         node = node.func.value
     if not isinstance(node, ast.Call):
         return False
-    name = _callee(node)
+    name = call_name(node.func)
     return "DataParallel" in name or "DDP" in name
 
 
@@ -131,7 +124,7 @@ def _strips_prefix(tree: ast.AST) -> bool:
     "")``, ``k[7:]``, ``consume_prefix_in_state_dict_if_present``, ``st.load_state_dict``)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
-            name = _callee(node)
+            name = call_name(node.func)
             if name in _PREFIX_HELPERS and name != "load_state_dict":
                 return True
             if name == "load_state_dict" and isinstance(node.func, ast.Attribute):
@@ -269,4 +262,4 @@ def _load_of(
 
 
 def _callees(node: ast.AST) -> Set[str]:
-    return {_callee(n) for n in ast.walk(node) if isinstance(n, ast.Call)} - {""}
+    return {call_name(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)} - {""}

@@ -24,7 +24,13 @@ import posixpath
 from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 from safetorch.check.engine import Context
-from safetorch.check.rules._helpers import FUNCTION_DEFS, start_of, statements_in_order
+from safetorch.check.rules._helpers import (
+    FUNCTION_DEFS,
+    module_files,
+    own_nodes,
+    start_of,
+    statements_in_order,
+)
 
 __all__ = ["batched_models", "made_by_batched_models"]
 
@@ -106,15 +112,7 @@ def _at_least_1d(expr: Optional[ast.AST], fn: ast.AST, before: int, depth: int =
 
 def _returns(fn: ast.AST) -> List[ast.Return]:
     """``fn``'s own ``return`` statements (not those of functions nested in it)."""
-    found: List[ast.Return] = []
-    stack = list(getattr(fn, "body", []))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Return):
-            found.append(node)
-        elif not isinstance(node, (*FUNCTION_DEFS, ast.ClassDef, ast.Lambda)):
-            stack.extend(ast.iter_child_nodes(node))
-    return found
+    return [n for n in own_nodes(fn) if isinstance(n, ast.Return)]
 
 
 def batched_models(tree: ast.Module, path: str) -> FrozenSet[str]:
@@ -135,14 +133,6 @@ def batched_models(tree: ast.Module, path: str) -> FrozenSet[str]:
     return frozenset(found)
 
 
-def _module_files(ctx: Context, module: str) -> List[str]:
-    """Where the project file of the dotted ``module`` would be, relative to the project root:
-    from the root and from the checked file's directory (``pkg/mod.py``, ``pkg/mod/__init__.py``)."""
-    here = posixpath.dirname(ctx.project.relpath(ctx.path))
-    stems = [posixpath.join(base, *module.split(".")) for base in ("", here)]
-    return [f for stem in stems for f in (stem + ".py", posixpath.join(stem, "__init__.py"))]
-
-
 def _class_file(ctx: Context, func: ast.AST) -> Optional[Tuple[str, str]]:
     """(project file, class name) of the class a call builds: a class of the file itself,
     ``from mod import C``, ``mod.C`` with ``import mod``; None where it is not resolved."""
@@ -159,7 +149,8 @@ def _class_file(ctx: Context, func: ast.AST) -> Optional[Tuple[str, str]]:
     if not module or not name:
         return None
     facts = ctx.project_facts("ST020-batched", batched_models)
-    found = [f for f in _module_files(ctx, module) if f in facts]
+    folder = posixpath.dirname(here)
+    found = [f for f in module_files(folder, module) if f in facts]
     return (found[0], name) if found else None
 
 

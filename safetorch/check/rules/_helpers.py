@@ -6,6 +6,7 @@ Typed with the ``ast`` node types they take and give; standard library only.
 from __future__ import annotations
 
 import ast
+import posixpath
 from typing import FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from safetorch.check.engine import Context, Edit, Positioned, end_position
@@ -20,6 +21,7 @@ __all__ = [
     "add_keywords",
     "bound_names",
     "call_arg",
+    "call_name",
     "end_of",
     "find_keyword",
     "has_double_star",
@@ -27,6 +29,7 @@ __all__ = [
     "is_const",
     "literal_bool",
     "min_torch",
+    "module_files",
     "own_expressions",
     "own_nodes",
     "rename_call",
@@ -179,6 +182,39 @@ def var_key(node: ast.AST) -> Optional[str]:
         return node.id
     attr = self_attr(node)
     return None if attr is None else "self." + attr
+
+
+def call_name(func: ast.AST) -> str:
+    """The last name of a callee: ``nms`` for ``nms``, ``ops.nms`` and ``self.nms``; ""
+    for anything else (``f()()``, ``fs[0]()``).
+
+    >>> call_name(ast.parse("torch.nn.DataParallel(m)", mode="eval").body.func)
+    'DataParallel'
+    """
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def module_files(folder: str, module: str, level: int = 0) -> List[str]:
+    """Where the project file of ``module`` would be, relative to the project root, for an
+    import in a file of ``folder``: ``pkg/mod.py`` or ``pkg/mod/__init__.py``, looked up
+    from the root and from ``folder`` (``level`` dots: from ``folder``'s ancestor only).
+
+    >>> module_files("tools", "nets.core")[:2]
+    ['nets/core.py', 'nets/core/__init__.py']
+    >>> module_files("pkg/sub", "util", level=2)
+    ['pkg/util.py', 'pkg/util/__init__.py']
+    """
+    if level:
+        base = folder
+        for _ in range(level - 1):
+            base = posixpath.dirname(base)
+        bases = [base]
+    else:
+        bases = ["", folder]
+    stems = [posixpath.join(b, *module.split(".")) if module else b for b in bases]
+    return [f for stem in stems for f in (stem + ".py", posixpath.join(stem, "__init__.py"))]
 
 
 def self_attr(node: ast.AST) -> Optional[str]:

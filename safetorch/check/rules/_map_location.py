@@ -38,6 +38,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 from safetorch.check.engine import Context
 from safetorch.check.fixer import parents as parent_map
 from safetorch.check.rules import _load_flow as flow
+from safetorch.check.rules._helpers import call_name, module_files
 from safetorch.check.rules._wrapped import is_main_guard
 
 __all__ = ["RANKS", "cuda_save", "device_saves", "mentions_cuda", "runs_off_cuda"]
@@ -302,14 +303,14 @@ def _one_device_per_process(ctx: Context) -> bool:
                 found = True
             elif isinstance(node, ast.Constant) and node.value == "LOCAL_RANK":
                 found = True
-            elif isinstance(node, ast.Call) and _callee_name(node) in _SPAWNS:
+            elif isinstance(node, ast.Call) and call_name(node.func) in _SPAWNS:
                 found = True
-            elif isinstance(node, ast.Call) and _callee_name(node) in _DDP_NAMES:
+            elif isinstance(node, ast.Call) and call_name(node.func) in _DDP_NAMES:
                 # DDP(model, device_ids=[rank]); DataParallel's device_ids are one process's
                 found = any(k.arg in ("device_ids", "output_device") for k in node.keywords)
             elif (
                 isinstance(node, ast.Call)
-                and _callee_name(node) in ("cuda", "to", "device")
+                and call_name(node.func) in ("cuda", "to", "device")
                 and any(_RANK_WORD.search(ctx.segment(a)) for a in node.args)
             ):
                 found = True  # model.cuda(rank), x.to(rank), torch.device(f"cuda:{rank}")
@@ -322,11 +323,6 @@ def _one_device_per_process(ctx: Context) -> bool:
 # A rank as a word of an expression (``rank``, ``args.local_rank``; not ``reranker_device``).
 _RANK_WORD = re.compile(r"(?<![A-Za-z0-9_])(?:local_)?rank(?![A-Za-z0-9])", re.IGNORECASE)
 _DDP_NAMES = frozenset({"DistributedDataParallel", "DDP"})
-
-
-def _callee_name(node: ast.Call) -> str:
-    func = node.func
-    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
 def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[int, str]]]:
@@ -440,17 +436,8 @@ def _project_imports(here: str, imports: Imports, files: Set[str]) -> Optional[L
     folder = posixpath.dirname(here)
     found: List[str] = []
     for level, module, names in imports:
-        if level:
-            base = folder
-            for _ in range(level - 1):
-                base = posixpath.dirname(base)
-            bases = [base]
-        else:
-            bases = ["", folder]
         dotted = [module] + [f"{module}.{n}".strip(".") for n in names]
-        stems = [posixpath.join(b, *d.split(".")) if d else b for b in bases for d in dotted]
-        hits = [f for st in stems for f in (st + ".py", posixpath.join(st, "__init__.py"))]
-        hits = [f for f in hits if f in files]
+        hits = [f for d in dotted for f in module_files(folder, d, level) if f in files]
         if hits:
             found.extend(hits)
         elif level or module.split(".")[0] not in _NEUTRAL_MODULES:
@@ -521,9 +508,8 @@ def _type_test(test: ast.expr) -> bool:
         return False
     kinds = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
     texts = [ast.unparse(k) for k in kinds]
-    return all(t.startswith(("nn.", "torch.nn.")) and "Parallel" not in t for t in texts) and bool(
-        texts
-    )
+    layer = [t.startswith(("nn.", "torch.nn.")) and "Parallel" not in t for t in texts]
+    return bool(layer) and all(layer)
 
 
 def _move_statements(body: List[ast.stmt]) -> List[ast.AST]:

@@ -10,6 +10,7 @@ from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
     add_keywords,
+    call_name,
     find_keyword,
     has_double_star,
     has_star,
@@ -27,12 +28,6 @@ _VALUE_CALLS = frozenset(
 # Strings that say "no value": the script cannot run on them.
 _SENTINELS = frozenset({"", "none", "null", "nil"})
 _Key = int  # the parser: id() of the call that makes it
-
-
-def _callee_name(func: ast.AST) -> str:
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
 
 
 class PositionalWithDefault(Rule):
@@ -130,7 +125,7 @@ class PositionalWithDefault(Rule):
     ) -> Optional[_Key]:
         if not isinstance(value, ast.Call):
             return None
-        name = _callee_name(value.func)
+        name = call_name(value.func)
         if name.endswith(_PARSER_MAKERS):
             if find_keyword(value, "parents") is not None:
                 return None  # its parents' positionals are not in view

@@ -13,6 +13,7 @@ from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
     NN,
     bound_names,
+    call_name,
     own_expressions,
     start_of,
 )
@@ -32,13 +33,6 @@ _TEST_INPUT_DIRS = frozenset({"fixtures", "testdata", "test_data", "samples"})
 _TRAINING_ATTRS = frozenset({"train", "parameters", "named_parameters"})
 
 
-def _callee(node: ast.Call) -> str:
-    func = node.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
-
-
 def builds_ddp(node: ast.AST) -> bool:
     """Whether code under ``node`` builds a multi-process wrapper: a call named like
     ``DistributedDataParallel``, ``DDP``, ``smart_DDP``, ``FSDP`` or ``fully_shard``.
@@ -50,7 +44,7 @@ def builds_ddp(node: ast.AST) -> bool:
     """
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
-            name = _callee(sub).lower()
+            name = call_name(sub.func).lower()
             if any(word in name for word in _DDP_CALLEES):
                 return True
     return False

@@ -15,6 +15,7 @@ from safetorch.check.rules._helpers import (
     NN,
     FunctionNode,
     bound_names,
+    call_name,
     find_keyword,
     has_star,
     is_const,
@@ -54,8 +55,7 @@ def _tests_the_wrap(test: ast.expr) -> Optional[bool]:
         return None if inner is None else not inner
     if not isinstance(test, ast.Call):
         return None
-    func = test.func
-    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    name = call_name(test.func)
     if name == "hasattr" and len(test.args) == 2:
         key = test.args[1]
         return True if isinstance(key, ast.Constant) and key.value == "module" else None
@@ -66,10 +66,11 @@ def _tests_the_wrap(test: ast.expr) -> Optional[bool]:
 
 def _state_dict_holders(ctx: Context, expr: ast.AST) -> Iterator[Tuple[ast.Call, ast.expr]]:
     """``(m.state_dict() call, m)`` for every ``m.state_dict()`` inside ``expr``, but the
-    bare side of an unwrap (``m.module.state_dict() if is_parallel(m) else m.state_dict()``:
-    whatever the test, the bare side is taken only where it holds the right keys)."""
+    bare side of an unwrap under a test of the wrap (``m.module.state_dict() if
+    is_parallel(m) else m.state_dict()``, ``hasattr(m, "module")``, negated with the sides
+    swapped): that side runs only where ``m`` holds bare keys."""
     unwrapped: Set[int] = set()
-    for sub in ctx.walk(expr):
+    for sub in ctx.walk(expr):  # pre-order: a conditional comes before its sides
         if isinstance(sub, ast.IfExp):
             wrapped = _tests_the_wrap(sub.test)
             if wrapped is None:
@@ -84,9 +85,9 @@ def _state_dict_holders(ctx: Context, expr: ast.AST) -> Iterator[Tuple[ast.Call,
                 and ctx.segment(inner.value) == ctx.segment(held)
             ):
                 unwrapped.add(id(bare))
-    for sub in ctx.walk(expr):
+            continue
         held = _state_dict_of(sub)
-        if held is not None and id(sub) not in unwrapped and isinstance(sub, ast.Call):
+        if isinstance(sub, ast.Call) and held is not None and id(sub) not in unwrapped:
             yield sub, held
 
 
@@ -561,9 +562,7 @@ def _report_places(ctx: Context, function: ast.AST) -> List[ast.AST]:
         elif isinstance(node, ast.Raise) and node.exc is not None:
             places.append(node.exc)
         elif isinstance(node, ast.Call):
-            func = node.func
-            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-            if called in _REPORTS:
+            if call_name(node.func) in _REPORTS:
                 places.extend([*node.args, *(k.value for k in node.keywords)])
     return places
 

@@ -10,6 +10,7 @@ from safetorch.check.rules._base import Rule
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
     Pos,
+    call_name,
     end_of,
     find_keyword,
     is_const,
@@ -114,7 +115,7 @@ def _moved_to_device(node: ast.AST) -> Optional[ast.expr]:
 
 def _is_cpu(node: ast.AST) -> bool:
     """``"cpu"`` or ``torch.device("cpu")``."""
-    if isinstance(node, ast.Call) and _call_name(node.func) == "device" and node.args:
+    if isinstance(node, ast.Call) and call_name(node.func) == "device" and node.args:
         node = node.args[0]
     return isinstance(node, ast.Constant) and node.value == "cpu"
 
@@ -224,25 +225,22 @@ def _string_format(node: ast.AST) -> bool:
     return False
 
 
-def _call_name(func: ast.expr) -> str:
-    """``nms`` for ``nms``, ``ops.nms``, ``self.nms``."""
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
+def _reads_first(node: ast.Subscript) -> bool:
+    """``x[0]`` read (not assigned to)."""
+    index = node.slice
+    return (
+        isinstance(node.ctx, ast.Load)
+        and isinstance(index, ast.Constant)
+        and type(index.value) is int
+        and index.value == 0
+    )
 
 
 def _legacy_scalar(node: ast.Subscript) -> bool:
     """``loss.data[0]``: a Python number on the torch (before 0.4) that code written this way
     supports, read from the device."""
     value = node.value
-    return (
-        isinstance(value, ast.Attribute)
-        and value.attr == "data"
-        and isinstance(node.ctx, ast.Load)
-        and isinstance(node.slice, ast.Constant)
-        and type(node.slice.value) is int
-        and node.slice.value == 0
-    )
+    return isinstance(value, ast.Attribute) and value.attr == "data" and _reads_first(node)
 
 
 def _optimizer_like(node: ast.AST) -> bool:
@@ -293,7 +291,7 @@ def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
             func = sub.func
-            name = _call_name(func)
+            name = call_name(func)
             if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
                 return True
             if name in _SYNC_NAMES or (isinstance(func, ast.Name) and name in _SYNC_METHODS):
@@ -314,7 +312,7 @@ def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
                 return True
         elif isinstance(sub, (ast.If, ast.While, ast.Assert)):
             for part in ast.walk(sub.test):
-                if isinstance(part, ast.Call) and _call_name(part.func) in _PREDICATES:
+                if isinstance(part, ast.Call) and call_name(part.func) in _PREDICATES:
                     return True
     return False
 
@@ -351,7 +349,7 @@ def _made_by(value: ast.AST) -> str:
         and isinstance(value.func.value, ast.Call)
     ):
         value = value.func.value
-    return _call_name(value.func) if isinstance(value, ast.Call) else ""
+    return call_name(value.func) if isinstance(value, ast.Call) else ""
 
 
 def _calls_into(node: ast.AST, parts: List[ast.AST]) -> FrozenSet[str]:
@@ -603,13 +601,9 @@ class UnsyncedCudaTiming(Rule):
     def _legacy_scalar_of_data(self, node: ast.Subscript) -> bool:
         """``total[0]`` of a name bound from a ``.data``: ``loss.data[0]`` spelled in two steps,
         a Python number (read from the device) on the torch that code supports."""
+        value = node.value
         return (
-            isinstance(node.value, ast.Name)
-            and node.value.id in self._events().data
-            and isinstance(node.ctx, ast.Load)
-            and isinstance(node.slice, ast.Constant)
-            and type(node.slice.value) is int
-            and node.slice.value == 0
+            isinstance(value, ast.Name) and value.id in self._events().data and _reads_first(node)
         )
 
     def _tested(self, test: ast.expr) -> None:
@@ -635,7 +629,7 @@ class UnsyncedCudaTiming(Rule):
             or (isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS)
             or var_key(func) in self._sync_aliases()
             or _string_format(node)
-            or _call_name(func) in _SYNC_NAMES
+            or call_name(func) in _SYNC_NAMES
             or (isinstance(func, ast.Name) and func.id in _SYNC_METHODS)
         ):
             events.syncs.append(end_of(node))
@@ -725,7 +719,7 @@ class UnsyncedCudaTiming(Rule):
             if isinstance(value, ast.Call):
                 if self.ctx.qualname(value.func) == "torch.load":
                     return True
-                if _call_name(value.func) in _WRAPPERS and value.args:
+                if call_name(value.func) in _WRAPPERS and value.args:
                     value = value.args[0]
                 elif isinstance(value.func, ast.Attribute):
                     value = value.func.value
@@ -748,7 +742,7 @@ class UnsyncedCudaTiming(Rule):
         func = call.func
         if var_key(func) in self._loaded_whole() and any(_model_class(n) for n in names):
             return True
-        called = {_call_name(func)} if isinstance(func, ast.Name) else set()
+        called = {call_name(func)} if isinstance(func, ast.Name) else set()
         if isinstance(func, ast.Name):
             called.add(self.ctx.imports.get(func.id, func.id).split(".")[-1])
         qual = self.ctx.qualname(func)
