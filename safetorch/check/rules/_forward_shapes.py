@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import posixpath
-from typing import FrozenSet, List, Optional, Sequence, Tuple
+from typing import Collection, FrozenSet, List, Optional, Sequence, Tuple
 
 from safetorch.check.engine import Context
 from safetorch.check.rules._helpers import (
@@ -133,9 +133,10 @@ def batched_models(tree: ast.Module, path: str) -> FrozenSet[str]:
     return frozenset(found)
 
 
-def _class_file(ctx: Context, func: ast.AST) -> Optional[Tuple[str, str]]:
-    """(project file, class name) of the class a call builds: a class of the file itself,
-    ``from mod import C``, ``mod.C`` with ``import mod``; None where it is not resolved."""
+def _class_file(ctx: Context, func: ast.AST, files: Collection[str]) -> Optional[Tuple[str, str]]:
+    """(project file among ``files``, class name) of the class a call builds: a class of the
+    file itself, ``from mod import C``, ``mod.C`` with ``import mod``; None where it is not
+    resolved."""
     here = ctx.project.relpath(ctx.path)
     if isinstance(func, ast.Name):
         if any(isinstance(n, ast.ClassDef) and n.name == func.id for n in ctx.tree.body):
@@ -148,9 +149,7 @@ def _class_file(ctx: Context, func: ast.AST) -> Optional[Tuple[str, str]]:
         return None
     if not module or not name:
         return None
-    facts = ctx.project_facts("ST020-batched", batched_models)
-    folder = posixpath.dirname(here)
-    found = [f for f in module_files(folder, module) if f in facts]
+    found = [f for f in module_files(posixpath.dirname(here), module) if f in files]
     return (found[0], name) if found else None
 
 
@@ -158,13 +157,12 @@ def made_by_batched_models(ctx: Context, values: Sequence[ast.AST]) -> bool:
     """Every value a model name is bound to is an instance of such a class of the project,
     the class found where the file imports it from (``netD = dcgan.DCGAN_D(...)`` on one
     branch, ``mlp.MLP_D(...)`` on the other); a namesake elsewhere says nothing."""
-    if not values:
+    if not values or not all(isinstance(v, ast.Call) for v in values):
         return False
     facts = ctx.project_facts("ST020-batched", batched_models)
     for value in values:
-        if not isinstance(value, ast.Call):
-            return False
-        found = _class_file(ctx, value.func)
+        assert isinstance(value, ast.Call)  # checked above
+        found = _class_file(ctx, value.func, facts)
         if found is None or found[1] not in facts.get(found[0], frozenset()):
             return False
     return True

@@ -105,8 +105,13 @@ class ZeroDimIndex(Rule):
 
     @property
     def flow(self) -> ZeroDim:
+        """The file's 0-dim flow, one for this rule and zero-dim-index-unproven (each reports
+        its part of it)."""
         if self._zero_dim is None:
-            self._zero_dim = ZeroDim(self.ctx)
+            flow = self.ctx.cache.get("zero-dim-flow")
+            if flow is None:
+                flow = self.ctx.cache["zero-dim-flow"] = ZeroDim(self.ctx)
+            self._zero_dim = flow
         return self._zero_dim
 
     def visit(self, node: ast.Subscript) -> None:
