@@ -8,10 +8,10 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
+from _check_project import run_fixed
 
 from safetorch.check import check_source
 from safetorch.check.engine import Diagnostic
-from tests._check_project import run_fixed
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
+from _check_project import run_fixed
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -18,7 +19,6 @@ import safetorch as st
 from safetorch.check import check_source, fix_source
 from safetorch.check.engine import Diagnostic
 from safetorch.errors import PatchWarning
-from tests._check_project import run_fixed
 
 # ``from torch.autograd import Variable``: the 0.3-era evidence the rule (and the shim) ask for.
 HEADER = "import torch\nimport torch.nn as nn\nfrom torch.autograd import Variable\n"

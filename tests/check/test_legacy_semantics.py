@@ -11,13 +11,13 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
+from _check_project import run_fixed
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 import safetorch as st
 from safetorch.check import check_paths, check_source
 from safetorch.check.engine import Diagnostic
-from tests._check_project import run_fixed
 
 ERA = "import torch\nfrom torch.autograd import Variable\n"
 MODERN = "import torch\n"

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
+from _check_project import run_fixed
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -24,7 +25,6 @@ import safetorch as st
 from safetorch.check import check_source
 from safetorch.errors import PatchWarning
 from safetorch.patching import _report
-from tests._check_project import run_fixed
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
