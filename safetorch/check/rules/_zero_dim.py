@@ -105,6 +105,12 @@ def _dim_keyword(call: ast.Call) -> bool:
     return find_keyword(call, "dim") is not None or find_keyword(call, "axis") is not None
 
 
+def _keeps_dims(call: ast.Call) -> bool:
+    """``keepdim=`` other than ``False``: ``torch.argmax(x, keepdim=True)`` keeps every dim."""
+    keep = find_keyword(call, "keepdim")
+    return keep is not None and not is_const(keep.value, False)
+
+
 def _reduces_to_scalar(call: ast.Call) -> Optional[bool]:
     """Whether a loss call or constructor keeps the default reduction (a 0-dim result)."""
     reduction = find_keyword(call, "reduction")
@@ -161,6 +167,8 @@ class ZeroDim:
         self._dicts: Optional[Tuple[Set[str], Set[str]]] = None
         self._defaulting: Tuple[Set[str], Set[str]] = (set(), set())
         self._class_defs: Optional[List[ast.ClassDef]] = None
+        # A file that imports no torch shows no tensor: x.all() may be a query's rows.
+        self.torch_file = any(m.split(".")[0] == "torch" for m in ctx.imports.values())
 
     # -- where names come from ---------------------------------------------------------------
     def _bindings(self, scope: ast.AST) -> Dict[str, List[_Binding]]:
@@ -654,8 +662,8 @@ class ZeroDim:
         if method in _REDUCTIONS:
             has_dim = bool(call.args) if method != "norm" else len(call.args) > 1
             has_dim = has_dim or _dim_keyword(call)
-            if not has_dim:
-                return 0
+            if not has_dim and not _keeps_dims(call):
+                return 0 if self.torch_file else None
             keep = find_keyword(call, "keepdim")
             if base is None or method in _PAIR_METHODS:
                 return None
@@ -881,7 +889,7 @@ class ZeroDim:
             if name in _REDUCTIONS:
                 if _dim_keyword(call) or len(call.args) != 1:
                     return False if name != "norm" or len(call.args) > 2 else None
-                return True
+                return None if _keeps_dims(call) else True
             if name in _ELEMENTWISE and call.args:
                 first = self.decide(call.args[0], at, scope, depth)
                 if name in _BINARY:
@@ -903,7 +911,7 @@ class ZeroDim:
                 positional = len(call.args) - (1 if attr == "norm" else 0)
                 if _dim_keyword(call) or positional > 0:
                     return False
-                return True
+                return None if _keeps_dims(call) or not self.torch_file else True
             if (attr in _UNARY or attr in _IN_PLACE) and self_attr(func) is None:
                 return self.decide(func.value, at, scope, depth)
             if attr in _BINARY and self_attr(func) is None:
