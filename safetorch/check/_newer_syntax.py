@@ -173,10 +173,21 @@ def _without_type_params(source: str, lineno: int) -> Optional[int]:
     return None
 
 
+_STRING_ERRORS = (
+    "f-string",
+    "unterminated string literal",
+    "unterminated triple-quoted string literal",
+    "EOL while scanning string literal",
+    "EOF while scanning triple-quoted string literal",
+)
+
+
 def newer_syntax(source: str, lineno: int, msg: str) -> Optional[str]:
     """What Python 3.12 syntax the error at ``lineno`` is, verified on the code; None for code
     no Python parses (or a Python that reads 3.12 syntax)."""
-    fstring = msg.startswith(("f-string", "unterminated string literal"))
+    # Python 3.9 words an unterminated string "EOL while scanning string literal" (3.10+
+    # "unterminated string literal"): the f-string with a comment inside stops there.
+    fstring = msg.startswith(_STRING_ERRORS)
     if NEWER_FSTRINGS and fstring and _newer_fstring(source, lineno):
         return "an f-string reusing its quotes, or with a backslash or a comment, inside"
     if NEWER_TYPE_PARAMS:

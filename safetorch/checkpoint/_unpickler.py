@@ -928,14 +928,15 @@ def _numpy_object(obj: Any) -> bool:
 
 
 def _numpy_dtype_allowed(kind: Any, policy: Policy) -> bool:
-    """BUILD on a ``numpy.dtypes.Float64DType`` (what ``numpy.dtype(...)`` returns) where
+    """BUILD on a ``numpy.dtypes.Float64DType`` (what ``numpy.dtype(...)`` returns; before
+    numpy 1.25 the same class is ``numpy.dtype[float64]`` of module ``numpy``) where
     ``numpy.dtype`` itself is allowed: the names a refusal lists are enough for an array
     (torch's safe_globals also needs ``type(np.dtype(np.float64))``)."""
     np = sys.modules.get("numpy")
     return (
         np is not None
         and isinstance(kind, type)
-        and kind.__module__ == "numpy.dtypes"
+        and kind.__module__ in ("numpy.dtypes", "numpy")
         and issubclass(kind, np.dtype)
         and policy.is_allowed_object(np.dtype)
     )

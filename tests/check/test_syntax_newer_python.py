@@ -39,3 +39,22 @@ def test_broken_code_keeps_the_plain_syntax_error(source: str) -> None:
     found = [d for d in check_source(source, "old.py") if d.code == "ST000"]
     assert len(found) == 1
     assert "not checked" not in found[0].message
+
+
+@pytest.mark.skipif(
+    _parses('a = 1\nx = f"{a # the value\n}"\n'), reason="this Python parses 3.12 f-strings"
+)
+@pytest.mark.parametrize(
+    "message",
+    [
+        "unterminated string literal (detected at line 2)",  # Python 3.10 and 3.11
+        "EOL while scanning string literal",  # Python 3.9
+        "f-string expression part cannot include '#'",
+    ],
+)
+def test_every_python_s_wording_of_the_f_string_error_is_verified(message: str) -> None:
+    from safetorch.check._newer_syntax import newer_syntax
+
+    source = 'a = 1\nx = f"{a # the value\n}"\n'
+    assert newer_syntax(source, 2, message) is not None
+    assert newer_syntax('x = f"{a\n', 1, message) is None  # broken on every Python

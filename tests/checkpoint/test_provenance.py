@@ -20,6 +20,7 @@ import torch
 from _pickles import archive  # tests/_pickles.py (on sys.path through conftest)
 
 import safetorch as st
+from safetorch import _compat
 from safetorch.checkpoint import _provenance, loading, saving
 from safetorch.errors import CheckpointWarning, UnsafeCheckpointError
 
@@ -179,13 +180,22 @@ def test_the_bytes_hashed_are_the_bytes_unpickled(tmp_path: Path, monkeypatch: A
     path = tmp_path / "m.pt"
     st.save(torch.nn.Linear(2, 2), path)
     seen: List[bytes] = []
-    real = loading._load_full_in_memory
+    if _compat.LOAD_HAS_MMAP:  # torch >= 2.1: unpickled from the buffer the hash was read into
+        real = loading._load_full_in_memory
 
-    def spy(view: Any, *args: Any) -> Any:
-        seen.append(bytes(view))
-        return real(view, *args)
+        def spy(view: Any, *args: Any) -> Any:
+            seen.append(bytes(view))
+            return real(view, *args)
 
-    monkeypatch.setattr(loading, "_load_full_in_memory", spy)
+        monkeypatch.setattr(loading, "_load_full_in_memory", spy)
+    else:  # before: from a BytesIO of the bytes read and hashed
+        real = loading._load_full
+
+        def spy(src: Any, *args: Any) -> Any:
+            seen.append(src.getvalue())
+            return real(src, *args)
+
+        monkeypatch.setattr(loading, "_load_full", spy)
     st.load(path)
     import hashlib
 
