@@ -19,7 +19,7 @@ from _strategies import shapes
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from safetorch import legacy
+from safetorch import _compat, legacy
 
 V = legacy.volatile
 
@@ -87,6 +87,13 @@ def test_data_is_plain_datas(pair: Tuple[torch.Tensor, torch.Tensor], requires_g
     assert outcome[0] == outcome[1]
 
 
+def _storage_ptr(t: torch.Tensor) -> int:
+    """Where ``t``'s storage starts (``untyped_storage`` from torch 2.0, ``storage`` before)."""
+    if _compat.HAS_UNTYPED_STORAGE:
+        return t.untyped_storage().data_ptr()
+    return t.storage().data_ptr()
+
+
 # --- 2. copy.deepcopy ----------------------------------------------------------------------
 @settings(max_examples=25)
 @given(pair=_pair(), requires_grad=hst.booleans(), with_grad=hst.booleans())
@@ -104,7 +111,7 @@ def test_deepcopy_is_plain_deepcopy(
     for t, head in ((plain, plain_head), (vol, vol[:1] if vol.dim() else vol)):
         twin, twin_head, again = copy.deepcopy((t, head, t))
         fresh = t.numel() == 0 or twin.data_ptr() != t.data_ptr()
-        same_storage = twin_head.untyped_storage().data_ptr() == twin.untyped_storage().data_ptr()
+        same_storage = _storage_ptr(twin_head) == _storage_ptr(twin)
         grad = None if twin.grad is None else (twin.grad is not t.grad, twin.grad.tolist())
         flags = (_flags(twin), _plain(twin).tolist(), grad)
         outcome.append((flags, again is twin, fresh, same_storage))
