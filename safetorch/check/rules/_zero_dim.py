@@ -613,8 +613,7 @@ class ZeroDim:
         qual = self.ctx.qualname(call.func)
         if call.func.attr not in ("max", "min") or qual not in (None, f"torch.{call.func.attr}"):
             return False
-        keep = find_keyword(call, "keepdim")
-        if keep is not None and not is_const(keep.value, False):
+        if _keeps_dims(call):
             return False
         return self._dim_given(call, call.args[1:] if qual else call.args, at, scope)
 
