@@ -8,11 +8,12 @@ import sys
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import pytest
 
 from safetorch.check import fix_source, project
+from safetorch.check.config import Settings
 from safetorch.check.engine import Diagnostic
 from safetorch.check.runner import check_paths
 
@@ -39,10 +40,12 @@ def write_project(root: Path, files: Dict[str, str]) -> None:
         target.write_text(textwrap.dedent(text).lstrip())
 
 
-def project_findings(root: Path, code: str) -> Dict[str, List[Diagnostic]]:
+def project_findings(
+    root: Path, code: str, settings: Optional[Settings] = None
+) -> Dict[str, List[Diagnostic]]:
     """relative path -> the findings of rule ``code`` in that file of the project."""
     found: Dict[str, List[Diagnostic]] = {}
-    for result in check_paths([str(root)], [code]):
+    for result in check_paths([str(root)], [code], settings=settings):
         rel = Path(result.path).relative_to(root).as_posix()
         found[rel] = [d for d in result.diagnostics if d.code == code]
     return found

@@ -125,8 +125,16 @@ def test_diff_prints_and_writes_nothing(capsys: pytest.CaptureFixture[str], lega
         "-y = F.upsample(x, scale_factor=2)",
         "+y = F.interpolate(x, scale_factor=2)",
     ]
+    # The oldest torch the code runs on is unknown: torch 1.13's weights-only unpickler refuses
+    # a float, so the fix is st.load (weights-only on every torch) ...
+    _, out, _ = run(capsys, "--diff", "--unsafe-fixes", str(legacy))
+    assert '+sd = st.load("a.pt", map_location="available")' in out.splitlines()
+    assert "+import safetorch as st" in out.splitlines()
+    # ... and weights_only=True where the project declares torch >= 2.0.
+    (legacy.parent / "pyproject.toml").write_text('[tool.safetorch]\nmin-torch-version = "2.0"\n')
     _, out, _ = run(capsys, "--diff", "--unsafe-fixes", str(legacy))
     assert '+sd = torch.load("a.pt", weights_only=True)' in out.splitlines()
+    assert legacy.read_bytes() == before
 
 
 def test_no_write_without_fix(capsys: pytest.CaptureFixture[str], legacy: Path) -> None:
@@ -148,8 +156,8 @@ def test_fix_writes_and_is_idempotent(capsys: pytest.CaptureFixture[str], legacy
     assert "fixed 1 finding(s)" in err and "--unsafe-fixes" not in err
     fixed = legacy.read_text()
     assert fixed == LEGACY.replace("F.upsample(", "F.interpolate(").replace(
-        '"a.pt")', '"a.pt", weights_only=True)'
-    )
+        'torch.load("a.pt")', 'st.load("a.pt", map_location="available")'
+    ).replace("as F\n", "as F\nimport safetorch as st\n")
     assert stat.S_IMODE(legacy.stat().st_mode) == 0o640
     assert [p.name for p in legacy.parent.iterdir()] == ["legacy.py"]  # no temp file left
     code, _, err = run(capsys, "--fix", "--unsafe-fixes", str(legacy))

@@ -13,15 +13,16 @@ import runpy
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from _fixture_run import expected_codes
 
 from safetorch.check import check_source, project
+from safetorch.check.config import Settings
 from safetorch.check.engine import Diagnostic
 from safetorch.check.rules import RULE_TABLE
-from safetorch.check.runner import check_file, check_paths
+from safetorch.check.runner import FileResult, check_file, check_paths
 
 torch = pytest.importorskip("torch")
 _EXPECT = re.compile(r"# expect: ([A-Z0-9 ]+)")
@@ -46,8 +47,10 @@ def _write(root: Path, files: Dict[str, str]) -> None:
         path.write_text(textwrap.dedent(text).lstrip())
 
 
-def _findings(root: Path, name: str, code: str) -> List[Diagnostic]:
-    results = check_paths([str(root)], select=[code])
+def _findings(
+    root: Path, name: str, code: str, settings: Optional[Settings] = None
+) -> List[Diagnostic]:
+    results = check_paths([str(root)], select=[code], settings=settings)
     return [d for r in results if r.path.endswith(name) for d in r.diagnostics if d.code == code]
 
 
@@ -186,32 +189,72 @@ def _weights_only_reads_floats() -> bool:
     return True
 
 
-# A known defect of ST003's fix, kept visible: `weights_only=True` is offered for a checkpoint
-# holding an optimizer state dict, which torch 1.13 cannot load weights-only (st.load can).
-@pytest.mark.xfail(
-    not _weights_only_reads_floats(),
-    reason="ST003's weights_only=True fix breaks on torch 1.13: its weights-only unpickler "
-    "refuses the optimizer state dict's float lr (BINFLOAT); the fix should be st.load there",
-    strict=True,
-)
-def test_project_that_saves_only_state_dicts_gets_the_fix_and_it_loads(tmp_path: Path) -> None:
-    _write(tmp_path, STATE_DICTS)
-    findings = _findings(tmp_path, "evaluate.py", "ST003")
-    assert [d.line for d in findings] == [4, 8]
-    assert all(d.fix is not None and d.fix.message == "add weights_only=True" for d in findings)
+def _fix_and_run(root: Path, settings: Optional[Settings]) -> Tuple[List[Diagnostic], str]:
+    """ST003's findings in evaluate.py and its fixed text, after running the project's own save
+    and then the fixed load (which must give back the same tensors)."""
+    findings = [
+        d
+        for r in check_paths([str(root)], select=["ST003"], settings=settings)
+        if r.path.endswith("evaluate.py")
+        for d in r.diagnostics
+    ]
     result = check_file(
-        str(tmp_path / "evaluate.py"), select=["ST003"], fix=True, unsafe_fixes=True
+        str(root / "evaluate.py"), select=["ST003"], fix=True, unsafe_fixes=True, settings=settings
     )
-    assert result.after is not None and result.after.count("weights_only=True") == 2
-    # Run the project's own save, then the fixed load: the same tensors come back.
-    (tmp_path / "runs").mkdir()
-    saved = runpy.run_path(str(tmp_path / "train.py"))
-    (tmp_path / "evaluate_fixed.py").write_text(result.after)
-    loaded = runpy.run_path(str(tmp_path / "evaluate_fixed.py"))
+    assert result.after is not None
+    (root / "runs").mkdir()
+    saved = runpy.run_path(str(root / "train.py"))
+    (root / "evaluate_fixed.py").write_text(result.after)
+    loaded = runpy.run_path(str(root / "evaluate_fixed.py"))
     assert loaded["epoch"] == 2
     for key, value in saved["net"].state_dict().items():
         assert torch.equal(loaded["net"].state_dict()[key], value)
         assert torch.equal(loaded["weights"][key], value)
+    return findings, result.after
+
+
+def test_project_that_saves_only_state_dicts_gets_st_load_where_its_torch_is_unknown(
+    tmp_path: Path,
+) -> None:
+    # torch 1.13's weights-only unpickler has no BINFLOAT: weights_only=True there refuses the
+    # optimizer state dict's float lr. With the oldest torch unknown the fix is st.load, which
+    # is weights-only too and reads the file on every torch (this test runs on each row).
+    _write(tmp_path, STATE_DICTS)
+    findings, after = _fix_and_run(tmp_path, None)
+    assert [d.line for d in findings] == [4, 8]
+    assert all(d.fix is not None and "st.load" in d.fix.message for d in findings)
+    assert "refuses a float" in findings[0].message and "min-torch-version" in findings[0].message
+    assert after.count("st.load(") == 2 and "weights_only" not in after
+    assert "import safetorch as st" in after
+
+
+@pytest.mark.skipif(
+    not _weights_only_reads_floats(),
+    reason="the project declares torch >= 2.0; this torch's weights-only unpickler refuses "
+    "floats (torch 1.13), which is why the fix is st.load where the oldest torch is unknown",
+)
+def test_project_that_declares_torch_2_gets_weights_only_and_it_loads(tmp_path: Path) -> None:
+    _write(tmp_path, STATE_DICTS)
+    findings, after = _fix_and_run(tmp_path, Settings(min_torch=(2, 0)))
+    assert [d.line for d in findings] == [4, 8]
+    assert all(d.fix is not None and d.fix.message == "add weights_only=True" for d in findings)
+    assert after.count("weights_only=True") == 2 and "st.load" not in after
+
+
+def test_weights_only_refused_before_torch_2_is_what_st_load_reads(tmp_path: Path) -> None:
+    # Side by side, the same file through both: st.load reads it on every torch; torch's own
+    # weights-only load reads it exactly where its unpickler knows BINFLOAT.
+    import safetorch as st
+
+    path = tmp_path / "opt.pt"
+    net = torch.nn.Linear(2, 2)
+    torch.save({"opt": torch.optim.SGD(net.parameters(), lr=0.1).state_dict()}, path)
+    assert st.load(path)["opt"]["param_groups"][0]["lr"] == 0.1
+    if _weights_only_reads_floats():
+        assert torch.load(path, weights_only=True)["opt"]["param_groups"][0]["lr"] == 0.1
+    else:
+        with pytest.raises(Exception, match="(?i)weights.only|unsupported"):
+            torch.load(path, weights_only=True)
 
 
 def test_no_fix_when_the_project_is_not_read_whole(
@@ -414,3 +457,111 @@ def test_pretrained_backbone_and_tests_are_quiet(tmp_path: Path) -> None:
     )
     assert _findings(tmp_path, "train.py", "ST004") == []
     assert _findings(tmp_path, "test_roundtrip.py", "ST004") == []
+
+
+def _evaluate_on_torch_2(root: Path) -> Tuple[Diagnostic, FileResult]:
+    """ST003's one finding in evaluate.py of a project that declares torch >= 2.0, and the
+    file with the unsafe fix."""
+    torch_2 = Settings(min_torch=(2, 0))
+    result = check_file(
+        str(root / "evaluate.py"), select=["ST003"], fix=True, unsafe_fixes=True, settings=torch_2
+    )
+    (finding,) = _findings(root, "evaluate.py", "ST003", torch_2)
+    return finding, result
+
+
+def test_a_save_with_a_newer_pickle_protocol_gets_st_load_even_on_torch_2(tmp_path: Path) -> None:
+    # torch's weights-only unpickler refuses protocol 4's FRAME and protocol 3's bytes (torch
+    # 2.13 too); st.load reads them. A strict module load does not help: the load itself fails.
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "train.py": """
+                import torch
+                from model import Net
+
+                net = Net()
+                torch.save(net.state_dict(), "w.pt", pickle_protocol=4)
+            """,
+            "evaluate.py": """
+                import torch
+                from model import Net
+
+                net = Net()
+                net.load_state_dict(torch.load("w.pt"))
+            """,
+        },
+    )
+    finding, result = _evaluate_on_torch_2(tmp_path)
+    assert "pickle_protocol above 2" in finding.message and "train.py:5" in finding.message
+    assert result.after is not None and 'st.load("w.pt", map_location="available")' in result.after
+    saved = runpy.run_path(str(tmp_path / "train.py"))["net"]
+    with pytest.raises(Exception, match="(?i)weights.only|unsupported"):
+        torch.load(tmp_path / "w.pt", weights_only=True)  # what weights_only=True would do
+    (tmp_path / "evaluate_fixed.py").write_text(result.after)
+    loaded = runpy.run_path(str(tmp_path / "evaluate_fixed.py"))["net"]
+    for key, value in saved.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+
+
+def test_a_project_with_its_own_torch_file_writer_gets_st_load(tmp_path: Path) -> None:
+    # An incremental saver that pickles with its own Pickler into torch's zip format (protocol
+    # 5 there): what the flow sees written by torch.save may be read from its files.
+    _write(
+        tmp_path,
+        {
+            "model.py": MODEL,
+            "lazy_save.py": """
+                import pickle
+                import torch
+
+                class IncrementalSaver:
+                    def __init__(self, path):
+                        self.writer = torch._C.PyTorchFileWriter(str(path))
+            """,
+            "evaluate.py": """
+                import torch
+                from model import Net
+
+                net = Net()
+                torch.save(net.state_dict(), "w.pt")
+                net.load_state_dict(torch.load("w.pt"))
+            """,
+        },
+    )
+    finding, result = _evaluate_on_torch_2(tmp_path)
+    assert "its own pickler (lazy_save.py:6" in finding.message
+    assert result.after is not None and "st.load(" in result.after
+
+
+def test_st_load_fix_keeps_each_argument_form_and_runs(tmp_path: Path) -> None:
+    # A file handle, a positional map_location callable, mmap=, a BytesIO with encoding=, and
+    # a script that binds `st` itself (the fix then imports safetorch unaliased).
+    source = textwrap.dedent(
+        """
+        import io
+        import time
+        import torch
+        net = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, "ckpt.pt")
+        st = time.time()
+        with open("ckpt.pt", "rb") as f:
+            a = torch.load(f)
+        b = torch.load("ckpt.pt", lambda storage, loc: storage)
+        c = torch.load("ckpt.pt", map_location=torch.device("cpu"), mmap=True)
+        with open("ckpt.pt", "rb") as f:
+            data = f.read()
+        d = torch.load(io.BytesIO(data), encoding="latin1")
+        lrs = [x["opt"]["param_groups"][0]["lr"] for x in (a, b, c, d)]
+        """
+    ).lstrip()
+    _write(tmp_path, {"train.py": source})
+    result = check_file(str(tmp_path / "train.py"), select=["ST003"], fix=True, unsafe_fixes=True)
+    assert result.after is not None
+    assert result.after.count("safetorch.load(") == 4 and "import safetorch\n" in result.after
+    assert 'safetorch.load("ckpt.pt", lambda storage, loc: storage)' in result.after
+    (tmp_path / "train_fixed.py").write_text(result.after)
+    fixed = runpy.run_path(str(tmp_path / "train_fixed.py"))
+    assert fixed["lrs"] == [0.1] * 4 and isinstance(fixed["st"], float)

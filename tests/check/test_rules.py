@@ -20,8 +20,12 @@ from safetorch.check import (
     rule_for,
     select_rules,
 )
+from safetorch.check.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
+# Code that declares torch >= 2.0: ST003's fix is weights_only=True (st.load where the oldest
+# torch is unknown: torch 1.13's weights-only unpickler refuses floats).
+TORCH_2 = Settings(min_torch=(2, 0))
 PUBLIC_SAFETORCH_NAMES = {
     "st.upsample",
     "st.upsample_nearest",
@@ -110,7 +114,7 @@ def test_positions_are_one_based_characters() -> None:
     line = src.splitlines()[1]
     assert (d.line, d.col) == (2, line.index("torch.load") + 1)
     assert (d.end_line, d.end_col) == (2, len(line) + 1)
-    fixed = fix_source(src, unsafe_fixes=True)
+    fixed = fix_source(src, unsafe_fixes=True, settings=TORCH_2)
     assert (
         fixed.splitlines()[1]
         == 's = "éé"; sd = torch.load("a.pt", map_location="cpu", weights_only=True)'
@@ -120,7 +124,7 @@ def test_positions_are_one_based_characters() -> None:
 def test_fix_keeps_crlf_line_endings() -> None:
     save = 'torch.save(torch.zeros(1), "./a.pt")\r\n'  # a tensor: the fix is offered
     src = 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu"\r\n)\r\n' + save
-    fixed = fix_source(src, unsafe_fixes=True)
+    fixed = fix_source(src, unsafe_fixes=True, settings=TORCH_2)
     assert (
         fixed
         == 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu", weights_only=True\r\n)\r\n'

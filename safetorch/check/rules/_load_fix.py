@@ -17,7 +17,7 @@ where it is defined: the allow-list is the writer's evidence, spelled out in the
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, end_position
 from safetorch.check.fixer import import_edit, parents
@@ -30,6 +30,9 @@ __all__ = [
     "allow_list_fix",
     "cross_file_load_fix",
     "migrate",
+    "older_unpickler",
+    "own_pickler",
+    "protocol_saves",
     "module_save_fix",
     "plain_namespaces",
     "state_dict_fix",
@@ -399,3 +402,68 @@ def writers_allow(ctx: Context, load: ast.Call, external: bool) -> Optional[Tupl
     if allow is not None and _NAMESPACE in allow:
         return allow if plain_namespaces(ctx) else None
     return allow
+
+
+# -- what torch's own weights-only unpickler refuses but st.load reads ------------------------
+#: torch's weights-only unpickler reads floats (BINFLOAT) from torch 2.0 on; 1.13 refuses an
+#: optimizer's ``lr`` or a saved metric. st.load reads them on every torch.
+FLOATS_SINCE = (2, 0)
+
+
+def own_pickler(tree: ast.Module, path: str) -> Optional[int]:
+    """The first line of a file that writes torch's file format with its own pickler
+    (``torch._C.PyTorchFileWriter``: an incremental or lazy saver), else None."""
+    for node in ast.walk(tree):
+        name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+        if name == "PyTorchFileWriter":
+            return getattr(node, "lineno", None)
+    return None
+
+
+def protocol_saves(tree: ast.Module, path: str) -> FrozenSet[int]:
+    """Lines of the ``save`` calls of a file that pass ``pickle_protocol`` other than a literal
+    0-2: protocol 3 writes ``bytes`` and 4+ frames, which torch's weights-only unpickler
+    refuses (torch 2.13 too), while ``torch.save``'s default protocol is 2."""
+    found = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+        protocol = find_keyword(node, "pickle_protocol") if name == "save" else None
+        if protocol is None:
+            continue
+        value = protocol.value
+        if not (isinstance(value, ast.Constant) and type(value.value) is int and value.value <= 2):
+            found.add(node.lineno)
+    return frozenset(found)
+
+
+def older_unpickler(
+    ctx: Context, load: ast.Call, floor: Optional[Tuple[int, int]], tensors_only: bool
+) -> Optional[str]:
+    """Why ``weights_only=True`` on ``load`` may refuse a file the project's flow shows holds
+    only plain data, where ``st.load`` (weights-only too) reads it on every torch: the project
+    writes torch files with its own pickler, a save of that path passes a pickle protocol
+    above 2, or the code may run on a torch before 2.0 (``floor``: its oldest, None when
+    unknown) and the file may hold a float (anything but a strict module state dict:
+    ``tensors_only``). None where ``weights_only=True`` reads it."""
+    for path, line in sorted(ctx.project_facts("ST003-own-pickler", own_pickler).items()):
+        if line is not None:
+            return (
+                f"may refuse it: the project writes torch files with its own pickler "
+                f"({path}:{line}, PyTorchFileWriter)"
+            )
+    protocols = ctx.project_facts("ST003-protocol", protocol_saves)
+    for save in flow.candidates(ctx, load):
+        if save.line in protocols.get(save.path, ()):
+            return (
+                f"refuses it: {save.path}:{save.line} saves with a pickle_protocol above 2 "
+                "(bytes, frames)"
+            )
+    if tensors_only or (floor is not None and floor >= FLOATS_SINCE):
+        return None
+    oldest = "not declared (min-torch-version)" if floor is None else f"{floor[0]}.{floor[1]}"
+    return (
+        "refuses a float (an optimizer's lr, a metric) on torch 1.13, and this code's oldest "
+        f"torch is {oldest}"
+    )

@@ -59,6 +59,8 @@ class PositionalWithDefault(Rule):
     torch_symbols = ()
     fixable = True
     node_types = (ast.Call,)
+    # Held-out half: 80.0% of 5 (its first false positive, tenth batch), below 97% (docs/check.md).
+    preview = True
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)

@@ -91,6 +91,8 @@ class ZeroDimIndex(Rule):
     fixable = True
     fix_applicability = UNSAFE
     node_types = (ast.Subscript,)
+    # Fresh held-out half (tenth batch): 89.1% of 64, below the 97% bar (docs/check.md).
+    preview = True
 
     #: What the flow proves 0-dim (the findings with a fix); zero-dim-index-unproven the rest.
     proven_only: ClassVar[bool] = True

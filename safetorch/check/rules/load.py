@@ -5,7 +5,7 @@ patch's pitfalls.
 from __future__ import annotations
 
 import ast
-from typing import Iterable, List, Optional, Set, Tuple
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import import_edit
@@ -396,6 +396,7 @@ def _state_dict_uses(ctx: Context) -> Set[int]:
     return cached
 
 
+_ST_LOAD = "load with st.load (weights-only on every torch)"
 _SAVED_LOAD = (
     "save with st.save and load with st.load (safetorch records the whole-model/numpy files it "
     "writes and loads them fully; a file written before needs `safetorch trust FILE` once)"
@@ -444,6 +445,16 @@ class LoadWithoutWeightsOnly(Rule):
     contents are unknown); where the project defines ``get_extra_state`` (a state dict may
     then hold any object); where the project is too big to read whole. The message then says
     why (which save, what it may write).
+
+    Where torch's own weights-only unpickler may still refuse such a file, the fix is
+    ``st.load(<the same arguments>)`` instead (weights-only too, and it reads the file on
+    every torch; ``import safetorch as st`` added, ``map_location="available"`` where the
+    load passed none): the code's oldest torch is unknown or before 2.0 (torch 1.13 refuses
+    a float: an optimizer's ``lr``, a saved metric; declare ``min-torch-version = "2.0"`` or
+    ``torch>=2.0`` in the project's dependencies to get ``weights_only=True``), unless the
+    load goes straight into a strict module ``load_state_dict``; a save of that path passes
+    a ``pickle_protocol`` above 2 (protocol 3's bytes and 4's frames are refused by every
+    torch); or the project writes torch files with its own pickler (``PyTorchFileWriter``).
 
     Where the file evidently holds more than weights, ``weights_only=True`` refuses it on
     every torch, and the load is migrated the way PyTorch recommends where the project shows
@@ -542,8 +553,23 @@ class LoadWithoutWeightsOnly(Rule):
         # argparse Namespaces, numpy scalars): offered only where the project's flow shows
         # the file holds nothing else.
         blocker = _weights_only_blocker(self.ctx, node)
-        edit = None if blocker is not None else add_keywords(self.ctx, node, "weights_only=True")
+        # What the flow shows loads weights-only may still hold what torch's own weights-only
+        # unpickler refuses on the torch the code runs on: st.load reads it on every torch.
+        older = (
+            None
+            if blocker is not None
+            else _load_fix.older_unpickler(
+                self.ctx, node, floor, _strict_state_dict_use(self.ctx, node)
+            )
+        )
+        edit = (
+            None
+            if blocker is not None or older is not None
+            else add_keywords(self.ctx, node, "weights_only=True")
+        )
         fix = None if edit is None else Fix("add weights_only=True", (edit,), UNSAFE)
+        if older is not None:
+            fix = self._st_load(node, (), _ST_LOAD)
         external = _pretrained_file(self.ctx, node) or _downloaded(self.ctx, node)
         allow = (
             None
@@ -558,7 +584,11 @@ class LoadWithoutWeightsOnly(Rule):
             "torch.load without weights_only can execute code from the file (the default "
             "before torch 2.6)"
         )
-        if blocker is None:
+        if blocker is None and older is not None:
+            advice = f"use st.load, weights-only on every torch (weights_only=True {older})"
+            if fix is None:
+                advice += " (no automatic fix: the call passes what st.load does not take)"
+        elif blocker is None:
             advice = "pass weights_only=True or use st.load"
         elif fix is not None and allow is None:
             advice = (
@@ -616,10 +646,6 @@ class LoadWithoutWeightsOnly(Rule):
         numpy files it writes and loads those bytes fully. None unless one of those saves is
         the evidence (it writes a whole module or numpy data), or where a call passes
         ``pickle_module`` (st.save does not record that file) or ``*args``/``**kwargs``."""
-        if has_star(call) or len(call.args) > 2:
-            return None
-        if any(k.arg not in _ST_LOAD_KEYWORDS for k in call.keywords):
-            return None  # pickle_module=, or a pickle_load_args keyword st.load lacks
         found = payloads(self.ctx).saves_of(call)
         if not any(held in _REFUSED for _, held in found):
             return None  # no save here writes it: the evidence is how the result is used
@@ -629,7 +655,19 @@ class LoadWithoutWeightsOnly(Rule):
                 return None
             if find_keyword(save, "pickle_module") is not None:
                 return None
-        names = import_edit(self.ctx, [("safetorch", "st")])
+        return self._st_load(call, saves, _SAVED_LOAD)
+
+    def _st_load(self, call: ast.Call, saves: Sequence[ast.Call], message: str) -> Optional[Fix]:
+        """``st.load(<the arguments of call>)``, and ``st.save`` for ``saves``; None where the
+        load passes what st.load does not take (``pickle_module``, ``*args``)."""
+        if has_star(call) or len(call.args) > 2:
+            return None
+        if any(k.arg not in _ST_LOAD_KEYWORDS for k in call.keywords):
+            return None  # pickle_module=, or a pickle_load_args keyword st.load lacks
+        # ``import safetorch`` where the file binds ``st`` to something else.
+        names = import_edit(self.ctx, [("safetorch", "st")]) or import_edit(
+            self.ctx, [("safetorch", None)]
+        )
         if names is None:
             return None
         spelled, imports = names
@@ -644,7 +682,7 @@ class LoadWithoutWeightsOnly(Rule):
         if call_arg(call, 1, "map_location") is None:
             parts.append('map_location="available"')  # torch.load's placement, CPU without CUDA
         edits.append(self.ctx.replace(call, f"{st}.load({', '.join(parts)})"))
-        return Fix(_SAVED_LOAD, tuple(edits), UNSAFE)
+        return Fix(message, tuple(edits), UNSAFE)
 
     @staticmethod
     def _refused(held: Tuple[str, int], what: str) -> str:
