@@ -463,6 +463,7 @@ def older_unpickler(
     if tensors_only or (floor is not None and floor >= FLOATS_SINCE):
         return None
     oldest = "not declared (min-torch-version)" if floor is None else f"{floor[0]}.{floor[1]}"
+    oldest += "; declare 2.0 or later for weights_only=True" if floor is None else ""
     return (
         "refuses a float (an optimizer's lr, a metric) on torch 1.13, and this code's oldest "
         f"torch is {oldest}"

@@ -585,7 +585,7 @@ class LoadWithoutWeightsOnly(Rule):
             "before torch 2.6)"
         )
         if blocker is None and older is not None:
-            advice = f"use st.load, weights-only on every torch (weights_only=True {older})"
+            advice = f"use st.load, weights-only on every torch; weights_only=True {older}"
             if fix is None:
                 advice += " (no automatic fix: the call passes what st.load does not take)"
         elif blocker is None:
