@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from safetorch.check.engine import Context, Diagnostic, Edit, split_lines
@@ -183,6 +184,29 @@ def _bound_anywhere(ctx: Context, name: str) -> bool:
     return False
 
 
+def _star_imports(ctx: Context) -> bool:
+    """Whether the file has a ``from m import *`` (it may bind any name)."""
+    return any(
+        isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+        for node in ctx.walk(ctx.tree)
+    )
+
+
+def _header_lines(ctx: Context) -> int:
+    """How many of the file's first two lines are a shebang or an encoding declaration, which
+    must stay first (PEP 263: the encoding line is read on line 1 or 2 only)."""
+    count = 0
+    for i, text in enumerate(ctx.lines[:2]):
+        if (i == 0 and text.startswith("#!")) or _CODING.match(text):
+            count = i + 1
+        elif not text.strip().startswith("#"):
+            break
+    return count
+
+
+_CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")
+
+
 def newline(ctx: Context) -> str:
     """The file's line ending (its first line's), for the lines a fix adds."""
     first = ctx.lines[0] if ctx.lines else "\n"
@@ -217,6 +241,8 @@ def import_edit(
         name = alias or module.split(".")[0]
         if name in ctx.imports or _bound_anywhere(ctx, name):
             return None
+        if alias and _star_imports(ctx):
+            return None  # ``from m import *`` may bind the alias (a module's own ``st``)
         names[module] = name if alias else module
         text = f"import {module} as {alias}" if alias else f"import {module}"
         groups[module in _STDLIB].append(text)
@@ -241,7 +267,8 @@ def _import_lines(ctx: Context, lines: List[str], stdlib: bool) -> Edit:
         else:
             break
     if anchor is None:
-        return Edit(1, 0, 1, 0, text)
+        first = _header_lines(ctx) + 1  # after a shebang and an encoding line
+        return Edit(first, 0, first, 0, text)
     end_line, end_col = ctx.end(anchor)
     if end_line >= len(ctx.lines) and not ctx.lines[-1].endswith(("\n", "\r")):
         return Edit(end_line, end_col, end_line, end_col, nl + text.rstrip("\r\n"))

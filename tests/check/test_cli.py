@@ -125,15 +125,19 @@ def test_diff_prints_and_writes_nothing(capsys: pytest.CaptureFixture[str], lega
         "-y = F.upsample(x, scale_factor=2)",
         "+y = F.interpolate(x, scale_factor=2)",
     ]
-    # The oldest torch the code runs on is unknown: torch 1.13's weights-only unpickler refuses
-    # a float, so the fix is st.load (weights-only on every torch) ...
+    # Not a strict module load: torch's own weights-only unpickler refuses plain data on some
+    # torch before 2.6 (a float on 1.13, a torch.device on 2.1), so the fix is st.load ...
     _, out, _ = run(capsys, "--diff", "--unsafe-fixes", str(legacy))
     assert '+sd = st.load("a.pt", map_location="available")' in out.splitlines()
     assert "+import safetorch as st" in out.splitlines()
-    # ... and weights_only=True where the project declares torch >= 2.0.
-    (legacy.parent / "pyproject.toml").write_text('[tool.safetorch]\nmin-torch-version = "2.0"\n')
+    # ... also with torch 2.0 declared; from 2.6 torch.load is weights-only: no finding.
+    config = legacy.parent / "pyproject.toml"
+    config.write_text('[tool.safetorch]\nmin-torch-version = "2.0"\n')
     _, out, _ = run(capsys, "--diff", "--unsafe-fixes", str(legacy))
-    assert '+sd = torch.load("a.pt", weights_only=True)' in out.splitlines()
+    assert '+sd = st.load("a.pt", map_location="available")' in out.splitlines()
+    config.write_text('[tool.safetorch]\nmin-torch-version = "2.6"\n')
+    _, out, _ = run(capsys, "--diff", "--unsafe-fixes", "--select", "ST003", str(legacy))
+    assert out == ""
     assert legacy.read_bytes() == before
 
 

@@ -223,22 +223,19 @@ def test_project_that_saves_only_state_dicts_gets_st_load_where_its_torch_is_unk
     findings, after = _fix_and_run(tmp_path, None)
     assert [d.line for d in findings] == [4, 8]
     assert all(d.fix is not None and "st.load" in d.fix.message for d in findings)
-    assert "refuses a float" in findings[0].message and "min-torch-version" in findings[0].message
+    assert "a float on 1.13" in findings[0].message
     assert after.count("st.load(") == 2 and "weights_only" not in after
     assert "import safetorch as st" in after
 
 
-@pytest.mark.skipif(
-    not _weights_only_reads_floats(),
-    reason="the project declares torch >= 2.0; this torch's weights-only unpickler refuses "
-    "floats (torch 1.13), which is why the fix is st.load where the oldest torch is unknown",
-)
-def test_project_that_declares_torch_2_gets_weights_only_and_it_loads(tmp_path: Path) -> None:
+def test_a_declared_torch_2_still_gets_st_load(tmp_path: Path) -> None:
+    # torch 2.1's weights-only unpickler refuses plain data 2.13's reads (a torch.device, a
+    # set, complex, bytes): a floor of 2.0 does not make weights_only=True safe before 2.6.
     _write(tmp_path, STATE_DICTS)
     findings, after = _fix_and_run(tmp_path, Settings(min_torch=(2, 0)))
     assert [d.line for d in findings] == [4, 8]
-    assert all(d.fix is not None and d.fix.message == "add weights_only=True" for d in findings)
-    assert after.count("weights_only=True") == 2 and "st.load" not in after
+    assert all(d.fix is not None and "st.load" in d.fix.message for d in findings)
+    assert after.count("st.load(") == 2 and "weights_only" not in after
 
 
 def test_weights_only_refused_before_torch_2_is_what_st_load_reads(tmp_path: Path) -> None:
@@ -494,7 +491,7 @@ def test_a_save_with_a_newer_pickle_protocol_gets_st_load_even_on_torch_2(tmp_pa
         },
     )
     finding, result = _evaluate_on_torch_2(tmp_path)
-    assert "pickle_protocol above 2" in finding.message and "train.py:5" in finding.message
+    assert "train.py:5 saves with pickle_protocol=4" in finding.message
     assert result.after is not None and 'st.load("w.pt", map_location="available")' in result.after
     saved = runpy.run_path(str(tmp_path / "train.py"))["net"]
     with pytest.raises(Exception, match="(?i)weights.only|unsupported"):

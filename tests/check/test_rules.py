@@ -20,12 +20,8 @@ from safetorch.check import (
     rule_for,
     select_rules,
 )
-from safetorch.check.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-# Code that declares torch >= 2.0: ST003's fix is weights_only=True (st.load where the oldest
-# torch is unknown: torch 1.13's weights-only unpickler refuses floats).
-TORCH_2 = Settings(min_torch=(2, 0))
 PUBLIC_SAFETORCH_NAMES = {
     "st.upsample",
     "st.upsample_nearest",
@@ -109,12 +105,12 @@ def test_unrelated_names_are_not_flagged(source: str) -> None:
 
 def test_positions_are_one_based_characters() -> None:
     src = 'import torch\ns = "éé"; sd = torch.load("a.pt", map_location="cpu")\n'
-    src += 'torch.save(torch.zeros(1), "./a.pt")\n'  # a tensor: the fix is offered
+    src += "net.load_state_dict(sd)\n"  # a strict module load: weights_only=True is the fix
     (d,) = check_source(src, "m.py")
     line = src.splitlines()[1]
     assert (d.line, d.col) == (2, line.index("torch.load") + 1)
     assert (d.end_line, d.end_col) == (2, len(line) + 1)
-    fixed = fix_source(src, unsafe_fixes=True, settings=TORCH_2)
+    fixed = fix_source(src, unsafe_fixes=True)
     assert (
         fixed.splitlines()[1]
         == 's = "éé"; sd = torch.load("a.pt", map_location="cpu", weights_only=True)'
@@ -122,9 +118,9 @@ def test_positions_are_one_based_characters() -> None:
 
 
 def test_fix_keeps_crlf_line_endings() -> None:
-    save = 'torch.save(torch.zeros(1), "./a.pt")\r\n'  # a tensor: the fix is offered
+    save = "net.load_state_dict(sd)\r\n"  # a strict module load: weights_only=True is the fix
     src = 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu"\r\n)\r\n' + save
-    fixed = fix_source(src, unsafe_fixes=True, settings=TORCH_2)
+    fixed = fix_source(src, unsafe_fixes=True)
     assert (
         fixed
         == 'import torch\r\nsd = torch.load(\r\n    "a.pt", map_location="cpu", weights_only=True\r\n)\r\n'

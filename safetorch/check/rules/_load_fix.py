@@ -17,7 +17,7 @@ where it is defined: the allow-list is the writer's evidence, spelled out in the
 from __future__ import annotations
 
 import ast
-from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, end_position
 from safetorch.check.fixer import import_edit, parents
@@ -31,6 +31,7 @@ __all__ = [
     "cross_file_load_fix",
     "migrate",
     "older_unpickler",
+    "own_load_state_dict",
     "own_pickler",
     "protocol_saves",
     "module_save_fix",
@@ -405,11 +406,6 @@ def writers_allow(ctx: Context, load: ast.Call, external: bool) -> Optional[Tupl
 
 
 # -- what torch's own weights-only unpickler refuses but st.load reads ------------------------
-#: torch's weights-only unpickler reads floats (BINFLOAT) from torch 2.0 on; 1.13 refuses an
-#: optimizer's ``lr`` or a saved metric. st.load reads them on every torch.
-FLOATS_SINCE = (2, 0)
-
-
 def own_pickler(tree: ast.Module, path: str) -> Optional[int]:
     """The first line of a file that writes torch's file format with its own pickler
     (``torch._C.PyTorchFileWriter``: an incremental or lazy saver), else None."""
@@ -420,51 +416,105 @@ def own_pickler(tree: ast.Module, path: str) -> Optional[int]:
     return None
 
 
-def protocol_saves(tree: ast.Module, path: str) -> FrozenSet[int]:
-    """Lines of the ``save`` calls of a file that pass ``pickle_protocol`` other than a literal
-    0-2: protocol 3 writes ``bytes`` and 4+ frames, which torch's weights-only unpickler
-    refuses (torch 2.13 too), while ``torch.save``'s default protocol is 2."""
-    found = set()
+def own_load_state_dict(tree: ast.Module, path: str) -> Optional[int]:
+    """The line of a class of the file that defines its own ``load_state_dict`` (an EMA or a
+    meter: its state may hold floats, and a module may take extra state), else None."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "load_state_dict":
+                    return item.lineno
+    return None
+
+
+def _protocol(call: ast.Call) -> Optional[ast.expr]:
+    """The ``pickle_protocol`` a save call passes: by keyword, 4th positional (``torch.save``'s
+    order: obj, f, pickle_module, pickle_protocol) or in a ``**{...}`` literal."""
+    for keyword in call.keywords:
+        if keyword.arg == "pickle_protocol":
+            return keyword.value
+        if keyword.arg is None and isinstance(keyword.value, ast.Dict):
+            for key, value in zip(keyword.value.keys, keyword.value.values):
+                if isinstance(key, ast.Constant) and key.value == "pickle_protocol":
+                    return value
+    return call.args[3] if len(call.args) > 3 else None
+
+
+def protocol_saves(tree: ast.Module, path: str) -> Dict[int, Tuple[str, bool]]:
+    """line -> (the protocol as written, whether st.load reads it) for the ``save`` calls of a
+    file (and ``partial(torch.save, ...)``, keyed by line 0: any save may be it) that pass a
+    ``pickle_protocol`` other than a literal 2 (``torch.save``'s default). Protocol 3 writes
+    ``bytes`` and 4+ frames, which torch's weights-only unpickler refuses (torch 2.13 too) and
+    st.load reads; protocols 0 and 1 are read by no weights-only load, st.load's included."""
+    found: Dict[int, Tuple[str, bool]] = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
-        protocol = find_keyword(node, "pickle_protocol") if name == "save" else None
-        if protocol is None:
+        if name not in ("save", "partial"):
             continue
-        value = protocol.value
-        if not (isinstance(value, ast.Constant) and type(value.value) is int and value.value <= 2):
-            found.add(node.lineno)
-    return frozenset(found)
+        value = _protocol(node) if name == "save" or node.args else None
+        if value is None:
+            continue
+        literal = value.value if isinstance(value, ast.Constant) else None
+        if type(literal) is int and literal == 2:
+            continue
+        old = type(literal) is int and literal < 2
+        found[0 if name == "partial" else node.lineno] = (ast.unparse(value), not old)
+    return found
 
 
-def older_unpickler(
-    ctx: Context, load: ast.Call, floor: Optional[Tuple[int, int]], tensors_only: bool
-) -> Optional[str]:
+def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optional[Tuple[str, bool]]:
     """Why ``weights_only=True`` on ``load`` may refuse a file the project's flow shows holds
-    only plain data, where ``st.load`` (weights-only too) reads it on every torch: the project
-    writes torch files with its own pickler, a save of that path passes a pickle protocol
-    above 2, or the code may run on a torch before 2.0 (``floor``: its oldest, None when
-    unknown) and the file may hold a float (anything but a strict module state dict:
-    ``tensors_only``). None where ``weights_only=True`` reads it."""
+    only plain data, and whether ``st.load`` (weights-only too) reads it: the project writes
+    torch files with its own pickler, a save of that path passes a pickle protocol other than
+    2, or the file may hold data an older torch's weights-only unpickler lacks (anything but
+    a strict module state dict: ``tensors_only``; a class of the project with its own
+    ``load_state_dict`` makes no load ``tensors_only``). None where ``weights_only=True``
+    reads it on every torch the finding concerns (before 2.6)."""
     for path, line in sorted(ctx.project_facts("ST003-own-pickler", own_pickler).items()):
         if line is not None:
             return (
-                f"may refuse it: the project writes torch files with its own pickler "
-                f"({path}:{line}, PyTorchFileWriter)"
+                "may refuse it: the project writes torch files with its own pickler "
+                f"({path}:{line}, PyTorchFileWriter)",
+                True,
             )
     protocols = ctx.project_facts("ST003-protocol", protocol_saves)
+    for path, lines in sorted(protocols.items()):
+        if 0 in lines:  # partial(torch.save, pickle_protocol=...): any save of the project
+            return _protocol_reason(path, 0, lines[0])
     for save in flow.candidates(ctx, load):
-        if save.line in protocols.get(save.path, ()):
-            return (
-                f"refuses it: {save.path}:{save.line} saves with a pickle_protocol above 2 "
-                "(bytes, frames)"
-            )
-    if tensors_only or (floor is not None and floor >= FLOATS_SINCE):
-        return None
-    oldest = "not declared (min-torch-version)" if floor is None else f"{floor[0]}.{floor[1]}"
-    oldest += "; declare 2.0 or later for weights_only=True" if floor is None else ""
+        found = protocols.get(save.path, {}).get(save.line)
+        if found is not None:
+            return _protocol_reason(save.path, save.line, found)
+    if tensors_only:
+        own = ctx.project_facts("ST003-own-load-state-dict", own_load_state_dict)
+        where = next(((p, n) for p, n in sorted(own.items()) if n is not None), None)
+        if where is None:
+            return None
+        return (
+            "may refuse it: a class of the project defines its own load_state_dict "
+            f"({where[0]}:{where[1]}), so a strict load_state_dict may take more than tensors",
+            True,
+        )
     return (
-        "refuses a float (an optimizer's lr, a metric) on torch 1.13, and this code's oldest "
-        f"torch is {oldest}"
+        "refuses plain data some torch releases before 2.6 cannot read weights-only (a float "
+        "on 1.13; a torch.device, set, complex or bytes on 2.1)",
+        True,
+    )
+
+
+def _protocol_reason(path: str, line: int, found: Tuple[str, bool]) -> Tuple[str, bool]:
+    protocol, readable = found
+    where = f"{path}:{line}" if line else f"{path} (a partial of torch.save)"
+    if readable:
+        return (
+            f"refuses it: {where} saves with pickle_protocol={protocol}, not torch.save's "
+            "default 2 (protocol 3's bytes and 4's frames are refused)",
+            True,
+        )
+    return (
+        f"refuses it: {where} saves with pickle_protocol={protocol}, which no weights-only "
+        "load reads (st.load's neither): save with torch.save's default protocol 2",
+        False,
     )

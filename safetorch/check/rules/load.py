@@ -396,6 +396,16 @@ def _state_dict_uses(ctx: Context) -> Set[int]:
     return cached
 
 
+def _st_load_takes(call: ast.Call) -> bool:
+    """``st.load`` takes the arguments of this ``torch.load`` call (not ``pickle_module=``,
+    a ``pickle_load_args`` keyword it lacks, or ``*args``)."""
+    return not (
+        has_star(call)
+        or len(call.args) > 2
+        or any(k.arg not in _ST_LOAD_KEYWORDS for k in call.keywords)
+    )
+
+
 _ST_LOAD = "load with st.load (weights-only on every torch)"
 _SAVED_LOAD = (
     "save with st.save and load with st.load (safetorch records the whole-model/numpy files it "
@@ -448,13 +458,16 @@ class LoadWithoutWeightsOnly(Rule):
 
     Where torch's own weights-only unpickler may still refuse such a file, the fix is
     ``st.load(<the same arguments>)`` instead (weights-only too, and it reads the file on
-    every torch; ``import safetorch as st`` added, ``map_location="available"`` where the
-    load passed none): the code's oldest torch is unknown or before 2.0 (torch 1.13 refuses
-    a float: an optimizer's ``lr``, a saved metric; declare ``min-torch-version = "2.0"`` or
-    ``torch>=2.0`` in the project's dependencies to get ``weights_only=True``), unless the
-    load goes straight into a strict module ``load_state_dict``; a save of that path passes
-    a ``pickle_protocol`` above 2 (protocol 3's bytes and 4's frames are refused by every
-    torch); or the project writes torch files with its own pickler (``PyTorchFileWriter``).
+    every torch; ``import safetorch as st`` added, or ``import safetorch`` where the file
+    binds ``st`` or has a star import; ``map_location="available"`` where the load passed
+    none): unless the load goes straight into a strict module ``load_state_dict`` (and no
+    class of the project defines its own ``load_state_dict``), the file may hold plain data
+    some torch before 2.6 refuses weights-only (a float on 1.13; a ``torch.device``, a
+    ``set``, ``complex`` or ``bytes`` on 2.1); a save of that path passes a
+    ``pickle_protocol`` other than 2 (by keyword, positionally, in a ``**{...}`` literal or
+    through ``functools.partial``: protocol 3's bytes and 4's frames are refused by every
+    torch; protocols 0 and 1 by every weights-only load, st.load's too, so those get no
+    fix); or the project writes torch files with its own pickler (``PyTorchFileWriter``).
 
     Where the file evidently holds more than weights, ``weights_only=True`` refuses it on
     every torch, and the load is migrated the way PyTorch recommends where the project shows
@@ -558,9 +571,7 @@ class LoadWithoutWeightsOnly(Rule):
         older = (
             None
             if blocker is not None
-            else _load_fix.older_unpickler(
-                self.ctx, node, floor, _strict_state_dict_use(self.ctx, node)
-            )
+            else _load_fix.older_unpickler(self.ctx, node, _strict_state_dict_use(self.ctx, node))
         )
         edit = (
             None
@@ -568,7 +579,7 @@ class LoadWithoutWeightsOnly(Rule):
             else add_keywords(self.ctx, node, "weights_only=True")
         )
         fix = None if edit is None else Fix("add weights_only=True", (edit,), UNSAFE)
-        if older is not None:
+        if older is not None and older[1]:
             fix = self._st_load(node, (), _ST_LOAD)
         external = _pretrained_file(self.ctx, node) or _downloaded(self.ctx, node)
         allow = (
@@ -584,10 +595,12 @@ class LoadWithoutWeightsOnly(Rule):
             "torch.load without weights_only can execute code from the file (the default "
             "before torch 2.6)"
         )
-        if blocker is None and older is not None:
-            advice = f"use st.load, weights-only on every torch; weights_only=True {older}"
+        if blocker is None and older is not None and not older[1]:
+            advice = f"weights_only=True {older[0]}"
+        elif blocker is None and older is not None:
+            advice = f"use st.load, weights-only on every torch; weights_only=True {older[0]}"
             if fix is None:
-                advice += " (no automatic fix: the call passes what st.load does not take)"
+                advice += f" (no automatic fix: {self._no_st_load(node)})"
         elif blocker is None:
             advice = "pass weights_only=True or use st.load"
         elif fix is not None and allow is None:
@@ -657,13 +670,18 @@ class LoadWithoutWeightsOnly(Rule):
                 return None
         return self._st_load(call, saves, _SAVED_LOAD)
 
+    @staticmethod
+    def _no_st_load(call: ast.Call) -> str:
+        """Why :meth:`_st_load` gives no fix for ``call``."""
+        if not _st_load_takes(call):
+            return "the call passes what st.load does not take"
+        return "the file binds both st and safetorch to something else"
+
     def _st_load(self, call: ast.Call, saves: Sequence[ast.Call], message: str) -> Optional[Fix]:
         """``st.load(<the arguments of call>)``, and ``st.save`` for ``saves``; None where the
         load passes what st.load does not take (``pickle_module``, ``*args``)."""
-        if has_star(call) or len(call.args) > 2:
+        if not _st_load_takes(call):
             return None
-        if any(k.arg not in _ST_LOAD_KEYWORDS for k in call.keywords):
-            return None  # pickle_module=, or a pickle_load_args keyword st.load lacks
         # ``import safetorch`` where the file binds ``st`` to something else.
         names = import_edit(self.ctx, [("safetorch", "st")]) or import_edit(
             self.ctx, [("safetorch", None)]
