@@ -238,3 +238,29 @@ def test_the_same_file_through_both_loaders_on_this_torch() -> None:
         else:
             with pytest.raises(Exception, match="(?i)weights.only|unsupported"):
                 torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+
+
+def test_a_partial_of_another_function_is_no_protocol(tmp_path: Path) -> None:
+    # partial(step_lr, lr, gamma, step_size, ...) has a fourth positional argument, and
+    # partial(torch.save, pickle_protocol=2) keeps the default: neither is a pickle protocol.
+    write_project(
+        tmp_path,
+        {
+            "train.py": """
+                import functools
+                import torch
+
+                def step_lr(lr, gamma, step_size, epoch):
+                    return lr * gamma ** (epoch // step_size)
+
+                schedule = functools.partial(step_lr, 0.1, 0.5, 10)
+                save = functools.partial(torch.save, pickle_protocol=2)
+                net = torch.nn.Linear(2, 2)
+                torch.save(net.state_dict(), "w.pt")
+                net.load_state_dict(torch.load("w.pt"))
+            """,
+        },
+    )
+    (finding,) = _st003(tmp_path, "train.py")
+    assert "pickle_protocol" not in finding.message
+    assert 'torch.load("w.pt", weights_only=True)' in _fixed(tmp_path, "train.py")

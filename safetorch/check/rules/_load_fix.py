@@ -451,9 +451,15 @@ def protocol_saves(tree: ast.Module, path: str) -> Dict[int, Tuple[str, bool]]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
-        if name not in ("save", "partial"):
+        if name == "save":
+            value = _protocol(node)
+        elif name == "partial" and node.args and _names_save(node.args[0]):
+            keyword = find_keyword(
+                node, "pickle_protocol"
+            )  # partial(torch.save, pickle_protocol=4)
+            value = None if keyword is None else keyword.value
+        else:
             continue
-        value = _protocol(node) if name == "save" or node.args else None
         if value is None:
             continue
         literal = value.value if isinstance(value, ast.Constant) else None
@@ -462,6 +468,13 @@ def protocol_saves(tree: ast.Module, path: str) -> Dict[int, Tuple[str, bool]]:
         old = type(literal) is int and literal < 2
         found[0 if name == "partial" else node.lineno] = (ast.unparse(value), not old)
     return found
+
+
+def _names_save(node: ast.expr) -> bool:
+    """``torch.save``, ``save`` or ``st.save``: the function a ``partial`` wraps."""
+    return (isinstance(node, ast.Attribute) and node.attr == "save") or (
+        isinstance(node, ast.Name) and node.id == "save"
+    )
 
 
 def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optional[Tuple[str, bool]]:
