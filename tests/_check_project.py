@@ -17,6 +17,11 @@ from safetorch.check.config import Settings
 from safetorch.check.engine import Diagnostic
 from safetorch.check.runner import check_paths
 
+# A test that runs fixed code calling torch.load(..., weights_only=True) carries this mark:
+# torch 2.0/2.1's own weights-only unpickler reads TypedStorage.dtype and warns (st.load hides
+# it; tests/checkpoint/test_load.py's ``torch_load_warns`` is the same mark for its tests).
+TORCH_LOAD_WARNS = pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")
+
 
 def run_fixed(source: str, select: Sequence[str]) -> Dict[str, Any]:
     """The globals of ``source`` after the unsafe fixes of ``select``, run with plain torch

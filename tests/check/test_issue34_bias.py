@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List
 
 import pytest
-from _check_project import fresh_project, project_findings, write_project
+from _check_project import TORCH_LOAD_WARNS, fresh_project, project_findings, write_project
 
 from safetorch.check.engine import Diagnostic
 from safetorch.check.runner import check_file
@@ -84,6 +84,7 @@ def test_init_constant_of_the_bias_in_a_helper_file_blocks_the_fix(tmp_path: Pat
         runpy.run_path(str(tmp_path / "train.py"))
 
 
+@TORCH_LOAD_WARNS
 def test_a_helper_that_writes_only_batchnorm_biases_keeps_the_fix(tmp_path: Path) -> None:
     write_project(tmp_path, {"model.py": MODEL, "init.py": DCGAN_INIT, "train.py": TRAIN})
     (diag,) = project_st008(tmp_path)["model.py"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from _check_project import fresh_project, project_findings, write_project
+from _check_project import TORCH_LOAD_WARNS, fresh_project, project_findings, write_project
 
 from safetorch.check.engine import Diagnostic
 from safetorch.check.runner import check_file
@@ -64,6 +64,7 @@ PAIR = """
 """
 
 
+@TORCH_LOAD_WARNS
 def test_whole_module_pair_becomes_a_state_dict_save_and_load(tmp_path: Path) -> None:
     _write(tmp_path, {"net.py": NET, "train.py": PAIR})
     (finding,) = _findings(tmp_path, "train.py")
@@ -192,6 +193,7 @@ def test_an_object_of_a_class_is_reported_with_the_reason_and_unchanged(tmp_path
     )
 
 
+@TORCH_LOAD_WARNS
 def test_a_pair_across_files_is_migrated_on_both_sides(tmp_path: Path) -> None:
     export = """
         import torch

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 import torch
+from _check_project import TORCH_LOAD_WARNS
 
 from safetorch.check import check_source, fix_source
 from safetorch.check import project as project_module
@@ -413,6 +414,7 @@ def test_no_fix_where_the_project_is_too_big_to_read(
     assert diag.fix is None and "too big to read whole" in diag.message
 
 
+@TORCH_LOAD_WARNS
 def test_the_fix_offered_runs_and_its_checkpoints_load_strictly(tmp_path: Path) -> None:
     write_project(tmp_path, {"model.py": MODEL, "init.py": GUARDED_INIT, "train.py": TRAIN})
     result = check_file(str(tmp_path / "model.py"), ["ST008"], fix=True, unsafe_fixes=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
+from _check_project import TORCH_LOAD_WARNS
 from _fixture_run import expected_codes
 
 from safetorch.check import check_source, project
@@ -264,6 +265,7 @@ def test_no_fix_when_the_project_is_not_read_whole(
     assert "too big to read whole" in findings[0].message
 
 
+@TORCH_LOAD_WARNS
 def test_file_the_project_never_writes(tmp_path: Path) -> None:
     # A downloaded file: contents unknown, unless it goes straight into a strict
     # module.load_state_dict (which itself accepts nothing but tensors).

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List
 
 import pytest
-from _check_project import fresh_project, write_project
+from _check_project import TORCH_LOAD_WARNS, fresh_project, write_project
 
 from safetorch.check import fix_source
 from safetorch.check.config import Settings
@@ -112,6 +112,7 @@ def test_a_protocol_passed_another_way_gets_st_load(tmp_path: Path, save: str) -
     assert torch.equal(loaded.weight, saved.weight)
 
 
+@TORCH_LOAD_WARNS
 @pytest.mark.parametrize("protocol", [0, 1])
 def test_protocol_0_or_1_gets_no_weights_only_fix(tmp_path: Path, protocol: int) -> None:
     # No weights-only load reads them (torch's nor st.load's): no fix, and the message says why.
@@ -225,6 +226,7 @@ def test_the_import_goes_below_a_shebang_and_an_encoding_line() -> None:
     compile(after.encode("latin-1"), "f.py", "exec")
 
 
+@TORCH_LOAD_WARNS
 def test_the_same_file_through_both_loaders_on_this_torch() -> None:
     # What the message says of protocols, side by side on the torch that runs the suite.
     import safetorch as st
