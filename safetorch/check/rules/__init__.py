@@ -43,8 +43,9 @@ from safetorch.check.rules.legacy_semantics import (
 )
 from safetorch.check.rules.lint import BiasBeforeBatchNorm, DropoutBeforeBatchNorm, layer_flow
 from safetorch.check.rules.load import LoadWithoutMapLocation, LoadWithoutWeightsOnly, payloads
+from safetorch.check.rules.nonstrict_load import DiscardedNonStrictLoad
 from safetorch.check.rules.pin_memory import CustomBatchWithoutPinMemory
-from safetorch.check.rules.state_dict import DiscardedNonStrictLoad, StateDictOfWrappedModel
+from safetorch.check.rules.state_dict import StateDictOfWrappedModel
 from safetorch.check.rules.syncbn import ConvertSyncBatchNorm
 from safetorch.check.rules.syntax_error import SyntaxErrorRule
 from safetorch.check.rules.timing import UnsyncedCudaTiming

@@ -416,15 +416,56 @@ def own_pickler(tree: ast.Module, path: str) -> Optional[int]:
     return None
 
 
-def own_load_state_dict(tree: ast.Module, path: str) -> Optional[int]:
-    """The line of a class of the file that defines its own ``load_state_dict`` (an EMA or a
-    meter: its state may hold floats, and a module may take extra state), else None."""
+_OWN_STATE_METHODS = ("load_state_dict", "_load_from_state_dict", "set_extra_state")
+_STATE_HOOKS = (
+    "_register_state_dict_hook",
+    "register_state_dict_pre_hook",
+    "register_state_dict_post_hook",
+    "_register_load_state_dict_pre_hook",
+    "register_load_state_dict_pre_hook",
+    "register_load_state_dict_post_hook",
+)
+# Packages whose module classes put objects in their state dicts (torch2trt's and
+# torch_tensorrt.fx's TRTModule: a bytearray engine, from a state-dict hook).
+_OBJECT_STATE_PACKAGES = ("torch2trt", "torch_tensorrt")
+
+
+def own_load_state_dict(tree: ast.Module, path: str) -> Optional[Tuple[int, str]]:
+    """(line, what) of the first thing in the file that lets a strict ``load_state_dict``
+    take more than tensors, else None: a class with its own ``load_state_dict``,
+    ``_load_from_state_dict`` or ``set_extra_state`` (an EMA or a meter: its state may hold
+    floats), a state-dict hook registered, or an import of a package whose modules keep
+    objects in their state dicts (torch2trt's ``TRTModule``: a ``bytearray``).
+
+    >>> own_load_state_dict(ast.parse("from torch2trt import TRTModule"), "m.py")
+    (1, 'the project imports torch2trt, whose modules keep objects in their state dicts')
+    """
+    found: List[Tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == "load_state_dict":
-                    return item.lineno
-    return None
+                if isinstance(item, ast.FunctionDef) and item.name in _OWN_STATE_METHODS:
+                    found.append(
+                        (item.lineno, f"a class of the project defines its own {item.name}")
+                    )
+        elif isinstance(node, ast.Attribute) and node.attr in _STATE_HOOKS:
+            found.append((node.lineno, f"the project registers a state-dict hook ({node.attr})"))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            for name in names:
+                if name.split(".")[0] in _OBJECT_STATE_PACKAGES and not getattr(node, "level", 0):
+                    found.append(
+                        (
+                            node.lineno,
+                            f"the project imports {name.split('.')[0]}, whose modules keep objects "
+                            "in their state dicts",
+                        )
+                    )
+    return min(found) if found else None
 
 
 def _protocol(call: ast.Call) -> Optional[ast.expr]:
@@ -483,7 +524,8 @@ def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optiona
     torch files with its own pickler, a save of that path passes a pickle protocol other than
     2, or the file may hold data an older torch's weights-only unpickler lacks (anything but
     a strict module state dict: ``tensors_only``; a class of the project with its own
-    ``load_state_dict`` makes no load ``tensors_only``). None where ``weights_only=True``
+    ``load_state_dict``, a state-dict hook or an import of torch2trt makes no load
+    ``tensors_only``: :func:`own_load_state_dict`). None where ``weights_only=True``
     reads it on every torch the finding concerns (before 2.6)."""
     for path, line in sorted(ctx.project_facts("ST003-own-pickler", own_pickler).items()):
         if line is not None:
@@ -505,9 +547,10 @@ def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optiona
         where = next(((p, n) for p, n in sorted(own.items()) if n is not None), None)
         if where is None:
             return None
+        path, (line, what) = where
         return (
-            "may refuse it: a class of the project defines its own load_state_dict "
-            f"({where[0]}:{where[1]}), so a strict load_state_dict may take more than tensors",
+            f"may refuse it: {what} ({path}:{line}), so a strict load_state_dict may take "
+            "more than tensors",
             True,
         )
     return (
