@@ -685,7 +685,8 @@ def _on_cpu(value: ast.AST, save: ast.Call, file: "_File", depth: int = 0) -> bo
             if func.attr == "numpy":
                 return True
             if func.attr == "state_dict":
-                return _moved_to_cpu(func.value, save, file)
+                chained = _chained_move(func.value)  # network.cpu().state_dict()
+                return chained if chained is not None else _moved_to_cpu(func.value, save, file)
             if func.attr in _TENSOR_METHODS:
                 return _on_cpu(func.value, save, file, depth + 1)
     if isinstance(value, ast.Name):
@@ -701,6 +702,18 @@ def _names_cpu(call: ast.Call) -> bool:
     return any(_literal(a) == "cpu" for a in call.args) or any(
         _literal(k.value) == "cpu" for k in call.keywords
     )
+
+
+def _chained_move(module: ast.AST) -> Optional[bool]:
+    """The last move chained on a module before its ``state_dict()``: True for ``.cpu()`` /
+    ``.to("cpu")``, False for ``.cuda()`` or another ``.to(...)``, None for no move."""
+    while isinstance(module, ast.Call) and isinstance(module.func, ast.Attribute):
+        if module.func.attr == "cpu" or (module.func.attr == "to" and _names_cpu(module)):
+            return True
+        if module.func.attr in ("to", "cuda"):
+            return False
+        module = module.func.value
+    return None
 
 
 def _moved_to_cpu(module: ast.AST, save: ast.Call, file: "_File") -> bool:

@@ -325,6 +325,55 @@ _RANK_WORD = re.compile(r"(?<![A-Za-z0-9_])(?:local_)?rank(?![A-Za-z0-9])", re.I
 _DDP_NAMES = frozenset({"DistributedDataParallel", "DDP"})
 
 
+def _switch_name(flag: str) -> str:
+    """The attribute an option string sets: ``--use-cuda`` -> ``use_cuda``."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _pinned_switches(ctx: Context) -> Set[str]:
+    """Switches that choose CUDA whatever the command line says: an option that turns CUDA
+    on with ``action="store_true"`` and ``default=True`` (``--cuda`` can then never be
+    off), or a name the file binds only to ``True`` (``use_cuda = True``, the script as
+    shipped). Not ``--no-cuda`` / ``--cpu`` (those turn CUDA off), nor a parameter's
+    default (a caller may pass ``False``)."""
+    pinned: Set[str] = set()
+    bound: Dict[str, List[ast.expr]] = {}
+    for node in ctx.walk(ctx.tree):
+        if isinstance(node, ast.Call):
+            flag = _device_option(node)
+            keywords = {k.arg: k.value for k in node.keywords}
+            action, default = keywords.get("action"), keywords.get("default")
+            if (
+                flag is not None
+                and "no" not in flag
+                and "cpu" not in flag
+                and isinstance(action, ast.Constant)
+                and action.value == "store_true"
+                and isinstance(default, ast.Constant)
+                and default.value is True
+            ):
+                pinned.add(_switch_name(flag))
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = node.value if node.value is not None else ast.Constant(None)
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        bound.setdefault(sub.id, []).append(value)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            for sub in ast.walk(node.target):
+                if isinstance(sub, ast.Name):
+                    bound.setdefault(sub.id, []).append(ast.Constant(None))  # bound to anything
+        elif isinstance(node, ast.arguments):
+            for arg in (*node.posonlyargs, *node.args, *node.kwonlyargs):
+                bound.setdefault(arg.arg, []).append(ast.Constant(None))  # a caller's value
+    for name in ("use_cuda", "use_gpu"):
+        values = bound.get(name, [])
+        if values and all(isinstance(v, ast.Constant) and v.value is True for v in values):
+            pinned.add(name)
+    return pinned
+
+
 def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[int, str]]]:
     """(the first CPU path, the first sign of several processes) of the checked file, each
     (line, why) or None."""
@@ -335,6 +384,7 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
     ranks: Optional[Tuple[int, str]] = None
     parents = parent_map(ctx)
     called = {id(n.func) for n in ctx.walk(ctx.tree) if isinstance(n, ast.Call)}
+    pinned = _pinned_switches(ctx)
     needs_cuda = False
     for node in ctx.walk(ctx.tree):
         line = getattr(node, "lineno", 0)
@@ -351,7 +401,7 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
             elif node.attr in _SPAWNS and id(node) in called:
                 base = ctx.segment(node.value).lower()
                 rank = "mp" in base or "multiprocessing" in base or "idist" in base
-            elif id(node) not in called and _is_switch(node):
+            elif id(node) not in called and _is_switch(node) and node.attr not in pinned:
                 why = f"a device switch, {ctx.segment(node)}"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value in ("cpu", "mps") or node.value.startswith("cpu:"):
@@ -361,11 +411,11 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
                 rank = True
         elif isinstance(node, ast.Call):
             flag = _device_option(node)
-            if flag is not None:
+            if flag is not None and _switch_name(flag) not in pinned:
                 why = f"a {flag} option"
         elif isinstance(node, ast.Name) and node.id == "local_rank":
             rank = True
-        elif isinstance(node, ast.Name) and _is_switch(node):
+        elif isinstance(node, ast.Name) and _is_switch(node) and node.id not in pinned:
             why = f"a device switch, {node.id}"
         if why is not None and (cpu is None or line < cpu[0]):
             cpu = (line, why)
