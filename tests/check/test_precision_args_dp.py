@@ -6,7 +6,7 @@
   single-process fallback beside a DDP path (in the function, the file or the project);
 - ST014: an ``assert`` or an early exit on a distributed condition guards like an ``if``;
 - ST011: decided from the project's own loaders, and the message says what is true;
-- ST012: (preview) deliberate partial loads and keys compared elsewhere are quiet.
+- ST012: deliberate partial loads and keys compared elsewhere are quiet.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch.nn as nn
 from safetorch.check import check_source, fix_source
 from safetorch.check import project as project_module
 from safetorch.check.engine import Diagnostic
-from safetorch.check.rules import RULE_TABLE
 from safetorch.check.runner import check_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -509,9 +508,7 @@ def test_st011_sometimes_wrapped_stays_a_finding_with_a_loader_like_it(tmp_path:
 
 
 # -- ST012 -------------------------------------------------------------------------------------
-def test_st012_finds_the_seed_when_selected() -> None:
-    # preview since it measured 91.5% of 59 on the held-out half (docs/check.md)
-    assert RULE_TABLE["ST012"].preview
+def test_st012_finds_the_seed() -> None:
     source = (FIXTURES / "strict.py").read_text()
     found = check_source(source, "strict.py", select=["ST012"])
     assert [d.line for d in found if d.code == "ST012"] == [5, 6, 7, 11]

@@ -460,8 +460,11 @@ class LoadWithoutWeightsOnly(Rule):
     ``st.load(<the same arguments>)`` instead (weights-only too, and it reads the file on
     every torch; ``import safetorch as st`` added, or ``import safetorch`` where the file
     binds ``st`` or has a star import; ``map_location="available"`` where the load passed
-    none): unless the load goes straight into a strict module ``load_state_dict`` (and no
-    class of the project defines its own ``load_state_dict``), the file may hold plain data
+    none): unless the load goes straight into a strict module ``load_state_dict`` (and
+    nothing in the project lets a strict load take more than tensors: no class with its own
+    ``load_state_dict``, ``_load_from_state_dict`` or ``set_extra_state``, no state-dict hook
+    registered, no import of torch2trt or torch_tensorrt, whose ``TRTModule`` keeps its
+    engine as a ``bytearray``), the file may hold plain data
     some torch before 2.6 refuses weights-only (a float on 1.13; a ``torch.device``, a
     ``set``, ``complex`` or ``bytes`` on 2.1); a save of that path passes a
     ``pickle_protocol`` other than 2 (by keyword, positionally, in a ``**{...}`` literal or
@@ -736,7 +739,9 @@ class LoadWithoutMapLocation(Rule):
     without CUDA, a ``"cpu"`` device chosen by a test or bound to a device name, not
     ``cpu_device = torch.device("cpu")``, a ``--cuda`` / ``--no-cuda`` / ``--cpu`` option,
     ``args.cuda`` read; not ``--gpus`` / ``--ngpu``, nor ``map_location="cpu"`` or
-    ``.to("cpu")`` elsewhere), with no statement of the file that moves to CUDA whatever
+    ``.to("cpu")`` elsewhere, nor a switch that cannot be off: ``--cuda`` with
+    ``action="store_true"`` and ``default=True``, ``use_cuda`` bound only to ``True``),
+    with no statement of the file that moves to CUDA whatever
     is tested (``model.cuda()``, ``DEVICE = "cuda"``, also under a test of a value's type:
     ``if isinstance(m, nn.BatchNorm2d): mask = mask.cuda()``); a script (``if __name__ ==
     "__main__":``) that never puts anything on a GPU (neither it nor a project module it
@@ -756,7 +761,8 @@ class LoadWithoutMapLocation(Rule):
     in a file that never names CUDA, a library module that shows no CPU path or ranks (an
     import of ``torch.distributed`` is none), a CUDA-only single-process script. Quiet too
     where the file evidently holds CPU tensors (``.cpu()`` tensors, a module moved to the
-    CPU before its ``state_dict()`` is saved, numpy data), the path or its option names a
+    CPU before its ``state_dict()`` is saved, also in the same expression:
+    ``torch.save(net.cpu().state_dict(), path)``, numpy data), the path or its option names a
     pretrained or ImageNet backbone, FSDP CPU offload, the load runs only with CUDA (the CUDA
     branch of an ``if`` whose other branch maps, or under ``if torch.cuda.is_available():``),
     or in a test module (a test loads what it wrote itself, on the devices it has).
