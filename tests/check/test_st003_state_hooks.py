@@ -115,6 +115,9 @@ def test_st_load_reads_the_bytearray_state_dict_that_the_fix_now_loads(tmp_path:
         "m = torch.nn.Linear(2, 2)\nm.register_state_dict_pre_hook(lambda *a: None)\n",
         "m = torch.nn.Linear(2, 2)\nm.register_load_state_dict_post_hook(lambda *a: None)\n",
         "m = torch.nn.Linear(2, 2)\nm._register_load_state_dict_pre_hook(lambda *a: None)\n",
+        "class M(torch.nn.Module):\n    if True:\n        def _load_from_state_dict(self, *a):\n"
+        "            pass\n",
+        "class M(torch.nn.Module):\n    async def set_extra_state(self, s):\n        pass\n",
         "from torch2trt import TRTModule\n",
         "import torch_tensorrt.fx\n",
     ],

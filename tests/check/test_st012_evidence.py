@@ -147,3 +147,73 @@ def test_no_evidence_of_a_mismatch_is_quiet(source: str) -> None:
 @pytest.mark.parametrize("source", list(REPORTED.values()), ids=list(REPORTED))
 def test_the_look_alike_stays_reported(source: str) -> None:
     assert _codes(source) == ["ST012"]
+
+
+# --- red team (stop 55): the evidence rules' edges ---------------------------------------------
+def test_a_long_chain_of_names_is_followed_without_recursion() -> None:
+    chain = "".join(f"    a{i + 1} = a{i}\n" for i in range(400))
+    source = (
+        "import torch\n\ndef restore(model, p):\n    a0 = torch.load(p)\n"
+        + chain
+        + "    model.load_state_dict(a400, strict=False)\n"
+    )
+    assert [d.code for d in check_source(source, "s.py", select=["ST012"])] == ["ST012"]
+
+
+RED_TEAM_REPORTED = {
+    "the-project's-load-helper": """
+        from utils import load
+
+        def restore(model, p):
+            model.load_state_dict(load(p), strict=False)
+    """,
+    "a-module-from-a-file": """
+        import torch
+
+        def restore(model, p):
+            model.load_state_dict(torch.load(p).state_dict(), strict=False)
+    """,
+    "a-scripted-module-from-a-file": """
+        import torch
+
+        def restore(model, p):
+            ckpt = torch.jit.load(p)
+            model.load_state_dict(ckpt.state_dict(), strict=False)
+    """,
+    "a-fallback-to-another-file": """
+        import torch
+
+        def restore(model, p, q):
+            try:
+                model.load_state_dict(torch.load(p))
+            except RuntimeError as e:
+                print(e)
+                model.load_state_dict(torch.load(q), strict=False)
+    """,
+    "a-fallback-for-a-missing-file": """
+        import torch
+
+        def restore(model, p, sd):
+            try:
+                model.load_state_dict(sd)
+            except FileNotFoundError as e:
+                print("missing", e)
+                model.load_state_dict(sd, strict=False)
+    """,
+    "a-try-that-was-not-strict": """
+        import torch
+
+        def restore(model, p, cfg):
+            sd = torch.load(p)
+            try:
+                model.load_state_dict(sd, strict=cfg.strict)
+            except RuntimeError as e:
+                print(e)
+                model.load_state_dict(sd, strict=False)
+    """,
+}
+
+
+@pytest.mark.parametrize("source", list(RED_TEAM_REPORTED.values()), ids=list(RED_TEAM_REPORTED))
+def test_red_team_look_alikes_stay_reported(source: str) -> None:
+    assert _codes(source) == ["ST012"]

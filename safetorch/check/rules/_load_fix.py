@@ -443,8 +443,11 @@ def own_load_state_dict(tree: ast.Module, path: str) -> Optional[Tuple[int, str]
     found: List[Tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name in _OWN_STATE_METHODS:
+            for item in ast.walk(node):  # also under an ``if`` of the class body, or async
+                if (
+                    isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and item.name in _OWN_STATE_METHODS
+                ):
                     found.append(
                         (item.lineno, f"a class of the project defines its own {item.name}")
                     )

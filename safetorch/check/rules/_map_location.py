@@ -330,14 +330,21 @@ def _switch_name(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def _pinned_switches(ctx: Context) -> Set[str]:
-    """Switches that choose CUDA whatever the command line says: an option that turns CUDA
-    on with ``action="store_true"`` and ``default=True`` (``--cuda`` can then never be
-    off), or a name the file binds only to ``True`` (``use_cuda = True``, the script as
-    shipped). Not ``--no-cuda`` / ``--cpu`` (those turn CUDA off), nor a parameter's
-    default (a caller may pass ``False``)."""
-    pinned: Set[str] = set()
+def _pinned_switches(ctx: Context) -> Tuple[Set[str], Set[str]]:
+    """Switches that choose CUDA whatever the command line says, as (option attributes,
+    bare names): an option that turns CUDA on with ``action="store_true"`` and
+    ``default=True`` (``--cuda`` can then never be off; ``args.cuda``), unless the file
+    assigns that attribute itself (``args.cuda = torch.cuda.device_count() > 0``); a bare
+    name the file binds only to ``True`` (``use_cuda = True``, the script as shipped),
+    never in a class body (a field's default), a parameter, a loop, a ``with``, an
+    ``except``, an import or a ``:=``. Not ``--no-cuda`` / ``--cpu`` (those turn CUDA off)."""
+    options: Set[str] = set()
+    stored: Set[str] = set()
     bound: Dict[str, List[ast.expr]] = {}
+    anything: ast.expr = ast.Constant(None)
+    class_bodies = {
+        id(s) for n in ctx.walk(ctx.tree) if isinstance(n, ast.ClassDef) for s in n.body
+    }
     for node in ctx.walk(ctx.tree):
         if isinstance(node, ast.Call):
             flag = _device_option(node)
@@ -352,26 +359,42 @@ def _pinned_switches(ctx: Context) -> Set[str]:
                 and isinstance(default, ast.Constant)
                 and default.value is True
             ):
-                pinned.add(_switch_name(flag))
+                options.add(_switch_name(flag))
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            value = node.value if node.value is not None else ast.Constant(None)
+            value = node.value if node.value is not None else anything
+            if id(node) in class_bodies or isinstance(node, ast.AugAssign):
+                value = anything
             for target in targets:
                 for sub in ast.walk(target):
                     if isinstance(sub, ast.Name):
                         bound.setdefault(sub.id, []).append(value)
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-            for sub in ast.walk(node.target):
+                    elif isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store):
+                        stored.add(sub.attr)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension, ast.withitem)):
+            held: Optional[ast.expr] = (
+                node.optional_vars if isinstance(node, ast.withitem) else node.target
+            )
+            for sub in ast.walk(held) if held is not None else ():
                 if isinstance(sub, ast.Name):
-                    bound.setdefault(sub.id, []).append(ast.Constant(None))  # bound to anything
+                    bound.setdefault(sub.id, []).append(anything)
+        elif isinstance(node, ast.NamedExpr):
+            bound.setdefault(node.target.id, []).append(anything)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.setdefault(node.name, []).append(anything)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bound.setdefault(alias.asname or alias.name.split(".")[0], []).append(anything)
         elif isinstance(node, ast.arguments):
             for arg in (*node.posonlyargs, *node.args, *node.kwonlyargs):
-                bound.setdefault(arg.arg, []).append(ast.Constant(None))  # a caller's value
-    for name in ("use_cuda", "use_gpu"):
-        values = bound.get(name, [])
-        if values and all(isinstance(v, ast.Constant) and v.value is True for v in values):
-            pinned.add(name)
-    return pinned
+                bound.setdefault(arg.arg, []).append(anything)  # a caller's value
+    names = {
+        name
+        for name in ("use_cuda", "use_gpu")
+        if bound.get(name)
+        and all(isinstance(v, ast.Constant) and v.value is True for v in bound[name])
+    }
+    return options - stored, names
 
 
 def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[int, str]]]:
@@ -384,7 +407,7 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
     ranks: Optional[Tuple[int, str]] = None
     parents = parent_map(ctx)
     called = {id(n.func) for n in ctx.walk(ctx.tree) if isinstance(n, ast.Call)}
-    pinned = _pinned_switches(ctx)
+    pinned_options, pinned_names = _pinned_switches(ctx)
     needs_cuda = False
     for node in ctx.walk(ctx.tree):
         line = getattr(node, "lineno", 0)
@@ -401,7 +424,7 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
             elif node.attr in _SPAWNS and id(node) in called:
                 base = ctx.segment(node.value).lower()
                 rank = "mp" in base or "multiprocessing" in base or "idist" in base
-            elif id(node) not in called and _is_switch(node) and node.attr not in pinned:
+            elif id(node) not in called and _is_switch(node) and node.attr not in pinned_options:
                 why = f"a device switch, {ctx.segment(node)}"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value in ("cpu", "mps") or node.value.startswith("cpu:"):
@@ -411,11 +434,11 @@ def _evidence(ctx: Context) -> Tuple[Optional[Tuple[int, str]], Optional[Tuple[i
                 rank = True
         elif isinstance(node, ast.Call):
             flag = _device_option(node)
-            if flag is not None and _switch_name(flag) not in pinned:
+            if flag is not None and _switch_name(flag) not in pinned_options:
                 why = f"a {flag} option"
         elif isinstance(node, ast.Name) and node.id == "local_rank":
             rank = True
-        elif isinstance(node, ast.Name) and _is_switch(node) and node.id not in pinned:
+        elif isinstance(node, ast.Name) and _is_switch(node) and node.id not in pinned_names:
             why = f"a device switch, {node.id}"
         if why is not None and (cpu is None or line < cpu[0]):
             cpu = (line, why)

@@ -335,6 +335,7 @@ _FILE_LOADERS = frozenset(
         "safetensors.torch.load_file",
         "safetensors.torch.load",
         "safetorch.load",
+        "torch.jit.load",
     }
 )
 # Calls that hand back (part of) the dict they are called on.
@@ -342,13 +343,20 @@ _DICT_VIEWS = frozenset({"get", "pop", "copy", "items", "values", "setdefault"})
 
 
 def _is_file_loader(ctx: Context, call: ast.Call, model_text: str) -> bool:
-    """A checkpoint loader: ``torch.load``, ``load_state_dict_from_url``, safetensors'
-    ``load_file``, safetorch's loader, or a function of the project whose name says it loads."""
+    """A checkpoint loader: ``torch.load``, ``torch.jit.load``, ``load_state_dict_from_url``,
+    safetensors' ``load_file``, safetorch's loader, or a function of the project whose name
+    says it loads (not another framework's: :func:`_other_framework`)."""
     qualname = ctx.qualname(call.func)
     if qualname in _FILE_LOADERS:
         return True
     name = call_name(call.func).rsplit(".", 1)[-1]
-    return qualname is None and "load" in name.lower() and name != "load_state_dict"
+    return "load" in name.lower() and name != "load_state_dict" and not _other_framework(qualname)
+
+
+def _other_framework(qualname: Optional[str]) -> bool:
+    """A name another deep-learning framework defines (``megengine.load``): its modules
+    are not torch's, and its ``load_state_dict`` is not torch's either."""
+    return qualname is not None and qualname.split(".", 1)[0] in _OTHER_FRAMEWORKS
 
 
 def _is_made_in_memory(ctx: Context, call: ast.Call, model_text: str) -> bool:
@@ -360,13 +368,14 @@ def _is_made_in_memory(ctx: Context, call: ast.Call, model_text: str) -> bool:
         return True
     if any(ctx.segment(a) == model_text for a in call.args):
         return True
-    qualname = ctx.qualname(func) or ""
-    root, _, last = qualname.partition(".")
-    return last.rsplit(".", 1)[-1] == "load" and root not in _TORCH_ROOTS
+    return _other_framework(ctx.qualname(func))
 
 
 _MODULE_STATE = frozenset({"state_dict", "named_parameters", "named_buffers", "parameters"})
-_TORCH_ROOTS = frozenset({"torch", "safetensors", "safetorch", "numpy", "pickle", "joblib"})
+_OTHER_FRAMEWORKS = frozenset(
+    {"megengine", "paddle", "jittor", "mindspore", "oneflow", "mxnet", "tensorflow", "keras"}
+    | {"jax", "flax", "haiku", "chainer"}
+)
 
 
 def _traces(
@@ -375,41 +384,45 @@ def _traces(
     expr: Optional[ast.AST],
     source: Callable[[Context, ast.Call, str], bool],
     model_text: str,
-    seen: Set[str],
+    receivers: bool,
 ) -> bool:
     """Whether ``expr`` (the state dict a non-strict load takes) holds, or is read, filtered
     or converted from, what a ``source`` call in ``scope`` returns: through names,
-    subscripts (keys and values stored), ``.get``/``.items()``, loops, comprehensions and
-    calls given it."""
-
-    def again(node: Optional[ast.AST]) -> bool:
-        return _traces(ctx, scope, node, source, model_text, seen)
-
-    if expr is None:
-        return False
-    if isinstance(expr, ast.Call):
-        if source(ctx, expr, model_text):
-            return True
-        func = expr.func
-        if isinstance(func, ast.Attribute) and func.attr in _DICT_VIEWS and again(func.value):
-            return True
-        return any(again(a) for a in expr.args) or any(again(k.value) for k in expr.keywords)
-    if isinstance(expr, (ast.Subscript, ast.Starred)):
-        return again(expr.value)
-    if isinstance(expr, (ast.DictComp, ast.ListComp, ast.SetComp, ast.GeneratorExp)):
-        return any(again(g.iter) for g in expr.generators)
-    if isinstance(expr, ast.IfExp):
-        return again(expr.body) or again(expr.orelse)
-    if isinstance(expr, ast.BoolOp):
-        return any(again(v) for v in expr.values)
-    if isinstance(expr, ast.Dict):
-        return any(again(v) for v in expr.values)
-    if isinstance(expr, (ast.Tuple, ast.List)):
-        return any(again(e) for e in expr.elts)
-    if not isinstance(expr, ast.Name) or expr.id in seen:
-        return False
-    seen.add(expr.id)
-    return any(again(v) for v in _values_bound(ctx, scope, expr.id))
+    subscripts (keys and values stored), ``.get``/``.items()`` (with ``receivers``, any
+    method's receiver: ``torch.load(p).state_dict()``), loops, comprehensions and calls
+    given it. A work list, not recursion: a chain of thousands of names is followed."""
+    seen: Set[int] = set()
+    names: Set[str] = set()
+    todo: List[Optional[ast.AST]] = [expr]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, ast.Call):
+            if source(ctx, node, model_text):
+                return True
+            func = node.func
+            if isinstance(func, ast.Attribute) and (receivers or func.attr in _DICT_VIEWS):
+                todo.append(func.value)
+            todo.extend(node.args)
+            todo.extend(k.value for k in node.keywords)
+        elif isinstance(node, (ast.Subscript, ast.Starred)):
+            todo.append(node.value)
+        elif isinstance(node, (ast.DictComp, ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            todo.extend(g.iter for g in node.generators)
+        elif isinstance(node, ast.IfExp):
+            todo.extend((node.body, node.orelse))
+        elif isinstance(node, ast.BoolOp):
+            todo.extend(node.values)
+        elif isinstance(node, ast.Dict):
+            todo.extend(node.values)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            todo.extend(node.elts)
+        elif isinstance(node, ast.Name) and node.id not in names:
+            names.add(node.id)
+            todo.extend(_values_bound(ctx, scope, node.id))
+    return False
 
 
 def _values_bound(ctx: Context, scope: ast.AST, name: str) -> Iterator[ast.AST]:
@@ -456,16 +469,19 @@ _LOAD_STATE_DICT_ARGS = ("state_dict", "strict", "assign")
 
 def _fallback_after_a_strict_load(ctx: Context, call: ast.Call) -> bool:
     """The non-strict load is the fallback of a strict one that raised: it sits in an
-    ``except`` handler that reads the error it caught (whose message lists the missing and
-    unexpected keys), and the ``try`` body strictly loads into the same module."""
-    if not isinstance(call.func, ast.Attribute):
+    ``except`` handler for the error a mismatch raises (``RuntimeError``, ``Exception`` or a
+    bare ``except``; not ``OSError``, a file that is not there) that reads the error it
+    caught (whose message lists the missing and unexpected keys), and the ``try`` body
+    loads the same state dict (the same expression) into the same module, strictly."""
+    if not isinstance(call.func, ast.Attribute) or not call.args:
         return False
     model_text = ctx.segment(call.func.value)
+    loaded_text = ctx.segment(call.args[0])
     for node in ctx.walk(ctx.scope):
         if not isinstance(node, ast.Try):
             continue
         handler = next((h for h in node.handlers if call in ctx.walk(h)), None)
-        if handler is None or not handler.name:
+        if handler is None or not handler.name or not _catches_a_mismatch(handler):
             continue
         reads_error = any(
             isinstance(n, ast.Name) and n.id == handler.name and isinstance(n.ctx, ast.Load)
@@ -476,13 +492,24 @@ def _fallback_after_a_strict_load(ctx: Context, call: ast.Call) -> bool:
             and isinstance(n.func, ast.Attribute)
             and n.func.attr == "load_state_dict"
             and ctx.segment(n.func.value) == model_text
-            and not is_const(getattr(find_keyword(n, "strict"), "value", None), False)
+            and bool(n.args)
+            and ctx.segment(n.args[0]) == loaded_text
+            and all(k.arg != "strict" or is_const(k.value, True) for k in n.keywords)
+            and (len(n.args) < 2 or is_const(n.args[1], True))
             for stmt in node.body
             for n in ctx.walk(stmt)
         )
         if reads_error and strict_load:
             return True
     return False
+
+
+def _catches_a_mismatch(handler: ast.ExceptHandler) -> bool:
+    """An ``except`` clause that catches the ``RuntimeError`` a strict load raises."""
+    if handler.type is None:
+        return True
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(call_name(k) in ("RuntimeError", "Exception", "BaseException") for k in kinds)
 
 
 class DiscardedNonStrictLoad(Rule):
@@ -569,9 +596,9 @@ class DiscardedNonStrictLoad(Rule):
             return
         model_text = self.ctx.segment(call.func.value)
         scope = self.ctx.scope
-        if _traces(self.ctx, scope, loaded, _is_made_in_memory, model_text, set()) and not _traces(
-            self.ctx, scope, loaded, _is_file_loader, model_text, set()
-        ):
+        if _traces(
+            self.ctx, scope, loaded, _is_made_in_memory, model_text, receivers=False
+        ) and not _traces(self.ctx, scope, loaded, _is_file_loader, model_text, receivers=True):
             return  # made by a live model (its own keys, a twin's), not read from a file
         self.report(
             call,
