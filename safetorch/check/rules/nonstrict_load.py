@@ -521,15 +521,17 @@ class DiscardedNonStrictLoad(Rule):
     keeps its random weights.
 
     It reports on evidence that the state dict may not match the model: it is read from a
-    file (``torch.load``, ``load_state_dict_from_url``, safetensors' ``load_file``, a
-    function of the project whose name says it loads), or it is passed in by a caller
-    (``def restore(model, sd)``: nothing shows where it came from). Quiet where a live model
-    made it and no file did: another model's ``state_dict()`` (a training model's weights
-    into its deploy twin), a call given the loading module itself (its own buffers,
+    file (``torch.load``, ``torch.jit.load``, ``load_state_dict_from_url``, safetensors'
+    ``load_file``, a function of the project whose name says it loads; also a module read
+    from one, ``torch.load(p).state_dict()``), or it is passed in by a caller (``def
+    restore(model, sd)``: nothing shows where it came from). Quiet where a live model made
+    it and no file did: another model's ``state_dict()`` (a training model's weights into
+    its deploy twin), a call given the loading module itself (its own buffers,
     all-reduced), a dict built key by key from the model's own keys; quiet where it is not
     torch's ``load_state_dict`` (another framework's loader such as ``megengine.load``, a
     keyword torch's method does not take: ``precision=``, ``device=``), and for the
-    fallback of a strict load in the ``except`` handler that reads the error it caught
+    fallback of a strict load of the same state dict into the same module, in the
+    ``except RuntimeError`` (or ``Exception``) handler that reads the error it caught
     (whose message lists the keys).
 
     Quiet when the result is used, and when the code already handles mismatches: the state
