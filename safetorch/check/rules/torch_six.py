@@ -131,6 +131,9 @@ class TorchSixImport(Rule):
 
     code = "ST018"
 
+    # Preview since stop 55: the eleventh batch's held-out half put it at 11 of 12 (91.7%),
+    # below the 97% bar (docs/check.md); its one false positive is not yet read.
+    preview = True
     name = "torch-six-import"
     uses = "st.legacy.six"
     torch_symbols = (_SIX,)
