@@ -4,7 +4,7 @@ reported where the state dict comes from a file and nothing looks at the keys it
 from __future__ import annotations
 
 import ast
-from typing import Callable, Iterator, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from safetorch.check.engine import Context
 from safetorch.check.rules._base import Rule
@@ -425,13 +425,26 @@ def _traces(
     return False
 
 
-def _values_bound(ctx: Context, scope: ast.AST, name: str) -> Iterator[ast.AST]:
+def _values_bound(ctx: Context, scope: ast.AST, name: str) -> List[ast.AST]:
     """What ``name`` is given in ``scope``: assigned values, the iterables of the loops and
-    comprehensions that bind it, values stored into it (``name[k] = v``) or merged into it
-    (``name.update(v)``), and what a ``with`` binds it to."""
+    comprehensions that bind it, keys and values stored into it (``name[k] = v``) or merged
+    into it (``name.update(v)``), and what a ``with`` binds it to. The scope is indexed once
+    (:func:`_bindings`): a trace asks for every name it meets, twice per finding."""
+    return _bindings(ctx, scope).get(name, [])
 
-    def binds(target: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target))
+
+def _bindings(ctx: Context, scope: ast.AST) -> Dict[str, List[ast.AST]]:
+    """name -> what :func:`_values_bound` returns for it, for every name of ``scope``
+    (cached on the file's context)."""
+    key = f"ST012-bindings-{id(scope)}"
+    found: Optional[Dict[str, List[ast.AST]]] = ctx.cache.get(key)
+    if found is not None:
+        return found
+    found = {}
+
+    def bind(target: ast.AST, value: ast.AST) -> None:
+        for name in {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}:
+            found.setdefault(name, []).append(value)
 
     for node in ctx.walk(scope):
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
@@ -440,28 +453,24 @@ def _values_bound(ctx: Context, scope: ast.AST, name: str) -> Iterator[ast.AST]:
             for target in targets:
                 if value is None:  # x: Dict[str, Tensor] declares, binds nothing
                     continue
-                if binds(target) and not isinstance(target, ast.Subscript):
-                    yield value
-                elif (
-                    isinstance(target, ast.Subscript)
-                    and isinstance(target.value, ast.Name)
-                    and target.value.id == name
-                ):
-                    yield target.slice  # the keys stored, then the values
-                    yield value
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and binds(node.target):
-            yield node.iter
+                if not isinstance(target, ast.Subscript):
+                    bind(target, value)
+                elif isinstance(target.value, ast.Name):
+                    stored = found.setdefault(target.value.id, [])
+                    stored += [target.slice, value]  # the keys stored, then the values
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            bind(node.target, node.iter)
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-            if binds(node.optional_vars):
-                yield node.context_expr
+            bind(node.optional_vars, node.context_expr)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "update"
             and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == name
         ):
-            yield from node.args
+            found.setdefault(node.func.value.id, []).extend(node.args)
+    ctx.cache[key] = found
+    return found
 
 
 _LOAD_STATE_DICT_ARGS = ("state_dict", "strict", "assign")
