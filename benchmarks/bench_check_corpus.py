@@ -41,7 +41,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "check_corpus"
@@ -235,10 +235,18 @@ BAR, BAR_FINDINGS = 97.0, 5
 # held-out rows after them are held out.
 SEED_RULES = frozenset({"ST004", "ST005", "ST006", "ST012"})
 SEED_RETIRED_ROWS = 276
-_RETIRED: Set[str] = set()
 
 
-def halves(repos: Sequence[Dict[str, str]]) -> Dict[str, str]:
+class Halves(Dict[str, str]):
+    """directory -> half, and the directories whose seed-rule findings were retired into
+    development (``retired``: the first ``SEED_RETIRED_ROWS`` rows)."""
+
+    def __init__(self, halves: Dict[str, str], retired: Iterable[str] = ()) -> None:
+        super().__init__(halves)
+        self.retired = frozenset(retired)
+
+
+def halves(repos: Sequence[Dict[str, str]]) -> Halves:
     """directory -> half, checking each row's ``half`` column against the rule."""
     found = {}
     for i, r in enumerate(repos):
@@ -246,21 +254,19 @@ def halves(repos: Sequence[Dict[str, str]]) -> Dict[str, str]:
         if r["half"] != want:
             raise SystemExit(f"corpus.tsv: {r['repo']} is marked {r['half']}, the rule says {want}")
         found[r["directory"]] = want
-        if i < SEED_RETIRED_ROWS:
-            _RETIRED.add(r["directory"])
-    return found
+    return Halves(found, (r["directory"] for r in repos[:SEED_RETIRED_ROWS]))
 
 
 def half_for(directory: str, code: str, half_of: Dict[str, str]) -> str:
     """The half a finding counts in: its repository's, but development for a seed rule's
-    finding on a retired row.
+    finding on a retired row (``half_of`` a :class:`Halves`; a plain dict retires none).
 
-    >>> _RETIRED.add("old"); half_for("old", "ST012", {"old": "held-out"})
+    >>> half_for("old", "ST012", Halves({"old": "held-out"}, ["old"]))
     'dev'
-    >>> half_for("old", "ST003", {"old": "held-out"})
+    >>> half_for("old", "ST003", Halves({"old": "held-out"}, ["old"]))
     'held-out'
     """
-    if code in SEED_RULES and directory in _RETIRED:
+    if code in SEED_RULES and directory in getattr(half_of, "retired", ()):
         return "dev"
     return half_of[directory]
 

@@ -51,10 +51,9 @@ def test_command_line_flag_is_documented_for_labellers(bench, capsys):
     assert "--list-unlabelled-heldout" in out and "labellers only" in out
 
 
-def test_seed_rules_findings_on_retired_rows_count_as_development(bench, monkeypatch):
+def test_seed_rules_findings_on_retired_rows_count_as_development(bench):
     # Stop 55: the seed rules' findings on rows 1-276 were retired into development; their
     # held-out set is the held-out rows after them. Other rules keep the repository's half.
-    monkeypatch.setattr(bench, "_RETIRED", set())
     repos = [{"repo": f"owner/r{i}", "directory": f"r{i}"} for i in range(300)]
     for i, r in enumerate(repos):
         r["half"] = "dev" if i < bench.FIRST_TWELVE else bench.split_half(r["repo"])
