@@ -31,7 +31,7 @@ __all__ = [
     "cross_file_load_fix",
     "migrate",
     "older_unpickler",
-    "own_load_state_dict",
+    "state_dict_takes_objects",
     "own_pickler",
     "protocol_saves",
     "module_save_fix",
@@ -430,14 +430,14 @@ _STATE_HOOKS = (
 _OBJECT_STATE_PACKAGES = ("torch2trt", "torch_tensorrt")
 
 
-def own_load_state_dict(tree: ast.Module, path: str) -> Optional[Tuple[int, str]]:
+def state_dict_takes_objects(tree: ast.Module, path: str) -> Optional[Tuple[int, str]]:
     """(line, what) of the first thing in the file that lets a strict ``load_state_dict``
     take more than tensors, else None: a class with its own ``load_state_dict``,
     ``_load_from_state_dict`` or ``set_extra_state`` (an EMA or a meter: its state may hold
     floats), a state-dict hook registered, or an import of a package whose modules keep
     objects in their state dicts (torch2trt's ``TRTModule``: a ``bytearray``).
 
-    >>> own_load_state_dict(ast.parse("from torch2trt import TRTModule"), "m.py")
+    >>> state_dict_takes_objects(ast.parse("from torch2trt import TRTModule"), "m.py")
     (1, 'the project imports torch2trt, whose modules keep objects in their state dicts')
     """
     found: List[Tuple[int, str]] = []
@@ -528,7 +528,7 @@ def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optiona
     2, or the file may hold data an older torch's weights-only unpickler lacks (anything but
     a strict module state dict: ``tensors_only``; a class of the project with its own
     ``load_state_dict``, a state-dict hook or an import of torch2trt makes no load
-    ``tensors_only``: :func:`own_load_state_dict`). None where ``weights_only=True``
+    ``tensors_only``: :func:`state_dict_takes_objects`). None where ``weights_only=True``
     reads it on every torch the finding concerns (before 2.6)."""
     for path, line in sorted(ctx.project_facts("ST003-own-pickler", own_pickler).items()):
         if line is not None:
@@ -546,7 +546,7 @@ def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optiona
         if found is not None:
             return _protocol_reason(save.path, save.line, found)
     if tensors_only:
-        own = ctx.project_facts("ST003-own-load-state-dict", own_load_state_dict)
+        own = ctx.project_facts("ST003-state-dict-takes-objects", state_dict_takes_objects)
         where = next(((p, n) for p, n in sorted(own.items()) if n is not None), None)
         if where is None:
             return None
