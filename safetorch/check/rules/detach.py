@@ -44,6 +44,13 @@ _FRESH = frozenset(
 )
 
 
+# Tensor methods whose result is a new tensor: a copy, or one made like ``x`` (``x.new(n)``,
+# ``x.new_zeros(n)``) that shares nothing with it.
+_FRESH_METHODS = frozenset(
+    {"clone", "new", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor"}
+)
+
+
 def _detach_call(node: ast.AST) -> Optional[Tuple[ast.expr, ast.expr]]:
     """``(node, x)`` for an ``x.detach()`` call or an ``x.data`` read, else None: both are
     ``x``'s memory outside autograd."""
@@ -61,7 +68,7 @@ def _detach_call(node: ast.AST) -> Optional[Tuple[ast.expr, ast.expr]]:
 
 
 def _fresh_copy(ctx: Context, node: Optional[ast.AST]) -> bool:
-    """``x.clone()``, ``torch.clone(x)``, ``torch.zeros(...)``, ``torch.cat(...)``, or the
+    """``x.clone()``, ``x.new(n)``, ``torch.clone(x)``, ``torch.zeros(...)``, ``torch.cat(...)``, or the
     ``.detach()`` of one: a new tensor nothing else refers to, so what its ``.detach()``
     shares memory with is that copy alone (torch's own optimizers write
     ``buf = torch.clone(grad).detach()``)."""
@@ -71,7 +78,7 @@ def _fresh_copy(ctx: Context, node: Optional[ast.AST]) -> bool:
     if detached is not None:
         return _fresh_copy(ctx, detached[1])
     func = node.func
-    return (isinstance(func, ast.Attribute) and func.attr == "clone") or ctx.qualname(
+    return (isinstance(func, ast.Attribute) and func.attr in _FRESH_METHODS) or ctx.qualname(
         func
     ) in _FRESH
 
@@ -291,14 +298,19 @@ class DetachThenInPlace(Rule):
                     bound[first.id] = _Detached(*detached, self.ctx.scope)
 
     # -- evidence ----------------------------------------------------------------------------
-    def _evidence(self, source: ast.expr, scope: ast.AST, after: Pos) -> Optional[str]:
+    def _evidence(
+        self, source: ast.expr, scope: ast.AST, after: Pos, data: bool = False
+    ) -> Optional[str]:
         """Why writing into ``source`` (the x of ``x.detach()``) corrupts what autograd or the
         code still needs, or None without that evidence. It needs all of: ``x`` is a local
         name of this function bound only to a value in a graph (a model's output, an op on
         one; not a copy, a factory, a gradient, data, or anything made under ``no_grad``);
         ``x`` is read again after the write; and a backward runs after the write in this
         function, or the function is a ``forward`` (its output is differentiated by the
-        caller)."""
+        caller) and the write goes through ``.detach()``. ``data``: the write goes through
+        ``x.data``, the old spelling of a write meant to reach ``x`` outside autograd
+        (attention scores masked in a forward, ``energies.data.masked_fill_(mask, -inf)``):
+        only a backward in the function is evidence then."""
         if _is_gradient(source):
             return None
         node: ast.AST = source
@@ -320,7 +332,7 @@ class DetachThenInPlace(Rule):
         where = f"{name} is a graph's output, read again at line {later[0][0]}"
         if backward:
             return f"{where}, and backward runs at line {backward[0][0]}"
-        if getattr(scope, "name", "") == "forward":
+        if getattr(scope, "name", "") == "forward" and not data:
             return f"{where} of a forward whose output is differentiated"
         return None
 
@@ -397,12 +409,13 @@ class DetachThenInPlace(Rule):
 
     def finish(self) -> None:
         for detach, source, op, line, fixable, scope, after in self._direct:
-            why = self._evidence(source, scope, after)
+            why = self._evidence(source, scope, after, isinstance(detach, ast.Attribute))
             if why is not None:
                 self._report(detach, source, op, line, fixable, why)
         for binding in self._mutated:
             op, line, after = binding.ops[0]
-            why = self._evidence(binding.source, binding.scope, after)
+            data = isinstance(binding.call, ast.Attribute)
+            why = self._evidence(binding.source, binding.scope, after, data)
             if why is None:
                 continue
             fixable = binding.read_after_write and not any(

@@ -18,6 +18,16 @@ from safetorch.check.rules._helpers import (
     start_of,
     var_key,
 )
+from safetorch.check.rules._sync_calls import (
+    PREDICATES,
+    SYNC_METHODS,
+    SYNC_NAMES,
+    legacy_scalar,
+    made_by,
+    model_class,
+    reads_first,
+    syncing_definitions,
+)
 
 _TIMERS = frozenset(
     f"time.{n}"
@@ -32,25 +42,6 @@ _SYNC_FUNCS = frozenset(
     # torch.save copies every tensor to the host; numpy conversions copy to the host.
     | {"torch.save", "numpy.array", "numpy.asarray", "torch.distributed.barrier"}
 )
-
-
-# Methods that wait for the GPU: an explicit synchronize, a copy of a result to the host, an op
-# whose output size depends on the data (nonzero, unique: the count is read back), a logger
-# that turns a tensor into a number (``writer.add_scalar``), a barrier between processes.
-_SYNC_METHODS = frozenset(
-    {"synchronize", "item", "cpu", "tolist", "numpy", "elapsed_time"}
-    | {"nonzero", "unique", "masked_select", "argwhere"}
-    | {"add_scalar", "add_scalars", "barrier", "wait_for_everyone"}
-)
-
-
-# Functions of any module that read their result back to the host: non-maximum suppression
-# returns a data-dependent number of boxes (torchvision's and the detection repositories' own).
-_SYNC_NAMES = frozenset({"nms", "batched_nms", "soft_nms"})
-
-
-# Tensor predicates whose result, tested by ``if``/``while``/``assert``, is read by the host.
-_PREDICATES = frozenset({"any", "all", "isnan", "isinf", "isfinite", "equal", "allclose"})
 
 
 # Receivers whose ``.step()`` runs an optimizer (the main work of a training step); any other
@@ -97,6 +88,10 @@ _SYNC, _WORK, _MAJOR = "sync", "work", "major"
 # Wrappers whose forward is their first argument's: a whole model unpickled and then wrapped
 # still runs the unpickled class.
 _WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel"})
+
+# Methods that move or cast a model (``net.cuda()``): never a factory, whatever the project
+# defines under the same name.
+_MOVES = frozenset({"cuda", "to", "cpu", "eval", "train", "half", "float", "double", "type"})
 
 
 def _moved_to_device(node: ast.AST) -> Optional[ast.expr]:
@@ -225,24 +220,6 @@ def _string_format(node: ast.AST) -> bool:
     return False
 
 
-def _reads_first(node: ast.Subscript) -> bool:
-    """``x[0]`` read (not assigned to)."""
-    index = node.slice
-    return (
-        isinstance(node.ctx, ast.Load)
-        and isinstance(index, ast.Constant)
-        and type(index.value) is int
-        and index.value == 0
-    )
-
-
-def _legacy_scalar(node: ast.Subscript) -> bool:
-    """``loss.data[0]``: a Python number on the torch (before 0.4) that code written this way
-    supports, read from the device."""
-    value = node.value
-    return isinstance(value, ast.Attribute) and value.attr == "data" and _reads_first(node)
-
-
 def _optimizer_like(node: ast.AST) -> bool:
     """``optimizer`` / ``self.opt_g`` / ``scaler``: an object whose ``.step()`` updates the
     parameters (``scaler.step(optimizer)`` too)."""
@@ -254,146 +231,6 @@ def _scheduler_like(node: ast.AST) -> bool:
     """``scheduler`` / ``self.lr_sched``: an object whose ``.step()`` sets a learning rate."""
     name = (_root_name(node) or "").lower()
     return "sched" in name or "lr" in name.split(".")[-1]
-
-
-_COMPARISONS = frozenset({"gt", "lt", "ge", "le", "eq", "ne"})
-
-
-def _masks(node: ast.AST) -> Set[str]:
-    """Names ``node``'s code binds to a comparison's result, or to a value made from one
-    (``pos = conf > 0``, ``idx = pos.unsqueeze(2).expand_as(x)``): boolean masks."""
-    binds = [
-        (t.id, n.value)
-        for n in ast.walk(node)
-        if isinstance(n, ast.Assign)
-        for t in n.targets
-        if isinstance(t, ast.Name)
-    ]
-    found: Set[str] = set()
-    for _ in range(3):
-        for name, value in binds:
-            for sub in ast.walk(value):
-                if (
-                    isinstance(sub, ast.Compare)
-                    or (isinstance(sub, ast.Name) and sub.id in found)
-                    or (isinstance(sub, ast.Attribute) and sub.attr in _COMPARISONS)
-                ):
-                    found.add(name)
-                    break
-    return found
-
-
-def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
-    """Whether the code under ``node`` has something that waits for the GPU (a host copy, a
-    synchronize, a data-dependent op, printing or converting a value, a boolean-mask index,
-    Python's ``max``/``min`` of a tensor, a tested tensor predicate): a call of it inside a
-    timed interval may synchronize. ``masks``: names bound to boolean masks (``_masks``)."""
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            func = sub.func
-            name = call_name(func)
-            if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
-                return True
-            if name in _SYNC_NAMES or (isinstance(func, ast.Name) and name in _SYNC_METHODS):
-                return True
-            if isinstance(func, ast.Name) and func.id in ("print", "float", "int", "bool"):
-                if any(not isinstance(a, ast.Constant) for a in sub.args):
-                    return True
-            if isinstance(func, ast.Name) and func.id in ("max", "min") and len(sub.args) > 1:
-                if any(isinstance(a, ast.Call) for a in sub.args):
-                    return True  # max(t.sum(), 1): a comparison the host reads
-            if name in ("nonzero", "unique", "masked_select", "argwhere", "save"):
-                return True
-        elif isinstance(sub, ast.Subscript):
-            index = sub.slice
-            if _legacy_scalar(sub) or isinstance(index, ast.Compare):
-                return True
-            if isinstance(index, ast.Name) and index.id in masks:
-                return True
-        elif isinstance(sub, (ast.If, ast.While, ast.Assert)):
-            for part in ast.walk(sub.test):
-                if isinstance(part, ast.Call) and call_name(part.func) in _PREDICATES:
-                    return True
-    return False
-
-
-def _runs_when_called(node: ast.AST) -> List[ast.AST]:
-    """What a call of the definition ``node`` runs: a function's body; a class's
-    ``forward`` / ``__call__`` and the methods they call on ``self`` (not ``__init__``)."""
-    if not isinstance(node, ast.ClassDef):
-        return [node]
-    methods = {
-        m.name: m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
-    entry = [methods[n] for n in ("forward", "__call__") if n in methods]
-    out: List[ast.AST] = list(entry)
-    for method in entry:
-        for sub in ast.walk(method):
-            if isinstance(sub, ast.Call) and self_attr(sub.func) in methods:
-                out.append(methods[self_attr(sub.func) or ""])
-    return out
-
-
-def _model_class(name: str) -> bool:
-    """A class name that may be a model's (not a loss's or a criterion's)."""
-    lowered = name.lower()
-    return name[:1].isupper() and "loss" not in lowered and "criterion" not in lowered
-
-
-def _made_by(value: ast.AST) -> str:
-    """The name of what builds ``value``: ``Net`` for ``Net(...)``, ``Net(...).cuda()``,
-    ``Net(...).to(device).eval()``; "" for anything else."""
-    while (
-        isinstance(value, ast.Call)
-        and isinstance(value.func, ast.Attribute)
-        and isinstance(value.func.value, ast.Call)
-    ):
-        value = value.func.value
-    return call_name(value.func) if isinstance(value, ast.Call) else ""
-
-
-def _calls_into(node: ast.AST, parts: List[ast.AST]) -> FrozenSet[str]:
-    """Names of the project code a call of ``node`` reaches from ``parts`` (what it runs):
-    functions called by a bare name, and the classes whose instances it calls through a
-    ``self`` attribute its class binds (``self.head = Head()`` ... ``self.head(x)``)."""
-    attrs: Dict[str, str] = {}
-    if isinstance(node, ast.ClassDef):
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Assign) and len(sub.targets) == 1:
-                attr = self_attr(sub.targets[0])
-                made = _made_by(sub.value)
-                if attr is not None and made[:1].isupper():
-                    attrs[attr] = made
-    found: Set[str] = set()
-    for part in parts:
-        for sub in ast.walk(part):
-            if isinstance(sub, ast.Call):
-                if isinstance(sub.func, ast.Name):
-                    found.add(sub.func.id)
-                attr = self_attr(sub.func)
-                if attr is not None and attr in attrs:
-                    found.add(attrs[attr])
-    return frozenset(found)
-
-
-def syncing_definitions(
-    tree: ast.Module, path: str
-) -> Tuple[FrozenSet[str], Tuple[Tuple[str, FrozenSet[str]], ...]]:
-    """(the module-level functions and classes of a file whose code may wait for the GPU when
-    called, a class by its ``forward``; for the others, the project code each reaches): a
-    gather function for ``project_facts``, joined over the project by
-    ``UnsyncedCudaTiming._project_syncs``."""
-    found = set()
-    reaches = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            masks = _masks(node)  # of the whole class: a method passes its mask to another
-            parts = _runs_when_called(node)
-            if any(_body_syncs(part, masks) for part in parts):
-                found.add(node.name)
-            else:
-                reaches.append((node.name, _calls_into(node, parts)))
-    return frozenset(found), tuple(reaches)
 
 
 class UnsyncedCudaTiming(Rule):
@@ -553,7 +390,7 @@ class UnsyncedCudaTiming(Rule):
         elif isinstance(node, ast.Assert):
             self._tested(node.test)
         elif isinstance(node, ast.Subscript):
-            if _legacy_scalar(node) or self._legacy_scalar_of_data(node):
+            if legacy_scalar(node) or self._legacy_scalar_of_data(node):
                 self._events().syncs.append(end_of(node))
         elif isinstance(node, ast.Compare):
             # ``time.time() - t0 > limit``: a deadline, not a reported time
@@ -602,9 +439,7 @@ class UnsyncedCudaTiming(Rule):
         """``total[0]`` of a name bound from a ``.data``: ``loss.data[0]`` spelled in two steps,
         a Python number (read from the device) on the torch that code supports."""
         value = node.value
-        return (
-            isinstance(value, ast.Name) and value.id in self._events().data and _reads_first(node)
-        )
+        return isinstance(value, ast.Name) and value.id in self._events().data and reads_first(node)
 
     def _tested(self, test: ast.expr) -> None:
         """A tensor predicate tested by ``if``/``while``/``assert`` (``if torch.isnan(loss)
@@ -613,7 +448,7 @@ class UnsyncedCudaTiming(Rule):
             if isinstance(sub, ast.Call):
                 func = sub.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if name in _PREDICATES:
+                if name in PREDICATES:
                     self._events().syncs.append(end_of(test))
                     return
 
@@ -626,11 +461,11 @@ class UnsyncedCudaTiming(Rule):
         events = self._events()
         if (
             qual in _SYNC_FUNCS
-            or (isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS)
+            or (isinstance(func, ast.Attribute) and func.attr in SYNC_METHODS)
             or var_key(func) in self._sync_aliases()
             or _string_format(node)
-            or call_name(func) in _SYNC_NAMES
-            or (isinstance(func, ast.Name) and func.id in _SYNC_METHODS)
+            or call_name(func) in SYNC_NAMES
+            or (isinstance(func, ast.Name) and func.id in SYNC_METHODS)
         ):
             events.syncs.append(end_of(node))
             return
@@ -656,12 +491,13 @@ class UnsyncedCudaTiming(Rule):
 
     # -- code of the project that synchronizes -------------------------------------------------
     def _project_syncs(self) -> FrozenSet[str]:
-        """Names of the project's module-level functions and classes that may wait for the GPU."""
+        """Names of the project's module-level functions and classes, and of its classes'
+        methods as ``Class.method``, that may wait for the GPU."""
         found = self.ctx.cache.get("st006_project_syncs")
         if found is None:
             facts = self.ctx.project_facts("ST006-syncing", syncing_definitions).values()
-            syncing = {n for names, _ in facts for n in names}
-            reaches = [r for _, per_file in facts for r in per_file]
+            syncing = {n for names, _, _ in facts for n in names}
+            reaches = [r for _, per_file, _ in facts for r in per_file]
             for _ in range(6):  # a loss calling a matcher calling NMS: a few levels deep
                 more = {name for name, calls in reaches if calls & syncing} - syncing
                 if not more:
@@ -669,6 +505,14 @@ class UnsyncedCudaTiming(Rule):
                 syncing |= more
             found = frozenset(syncing)
             self.ctx.cache["st006_project_syncs"] = found
+            defined = {n for _, _, names in facts for n in names}
+            self.ctx.cache["st006_project_defined"] = frozenset(defined)
+        return found
+
+    def _project_defined(self) -> FrozenSet[str]:
+        """The names of the project's functions: module-level ones and methods (no class)."""
+        self._project_syncs()
+        found: FrozenSet[str] = self.ctx.cache["st006_project_defined"]
         return found
 
     def _bound_calls(self) -> Dict[str, Set[str]]:
@@ -680,49 +524,75 @@ class UnsyncedCudaTiming(Rule):
             for node in self.ctx.walk(self.ctx.tree):
                 if isinstance(node, ast.Assign) and len(node.targets) == 1:
                     key = var_key(node.targets[0])
-                    made = _made_by(node.value)
+                    made = made_by(node.value)
                     if key is not None and made[:1].isupper():  # a class's instance
                         found.setdefault(key, set()).add(made)
             self.ctx.cache["st006_bound_calls"] = found
         return found
 
-    def _loaded_whole(self) -> Set[str]:
-        """Names (and ``self.x``) the file binds to an object unpickled by ``torch.load``,
-        directly or through a move or a wrapper (``net = torch.load(path)["model"].cuda()``,
-        ``net = nn.DataParallel(net)``): a whole model whose class the file never names."""
-        found = self.ctx.cache.get("st006_loaded_whole")
+    def _unnamed_models(self) -> Set[str]:
+        """Names (and ``self.x``) the file binds to a model whose class it never names: one
+        unpickled by ``torch.load`` or made by a factory of the project (``build_model(cfg)``,
+        ``self.exp.get_model()``, ``registry[cfg.type](...)``), directly or through a move or
+        a wrapper (``net = torch.load(path)["model"].cuda()``, ``net = nn.DataParallel(net)``),
+        or an attribute bound to a parameter (``self.distiller = distiller``: passed in)."""
+        found = self.ctx.cache.get("st006_unnamed_models")
         if found is None:
-            found = set()
+            passed_in: Dict[int, str] = {}  # id(assignment) -> self.x bound to a parameter
+            for fn in self.ctx.walk(self.ctx.tree):
+                if not isinstance(fn, FUNCTION_DEFS):
+                    continue
+                params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
+                for node in self.ctx.walk(fn):
+                    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                        key = var_key(node.targets[0])
+                        value = node.value
+                        if key and key.startswith("self.") and isinstance(value, ast.Name):
+                            if value.id in params and value.id != "self":
+                                passed_in[id(node)] = key
+            found = set(passed_in.values())
             bindings = [
-                (var_key(node.targets[0]), node.value)
+                (var_key(node.targets[0]), node.value, id(node) in passed_in)
                 for node in self.ctx.walk(self.ctx.tree)
                 if isinstance(node, ast.Assign) and len(node.targets) == 1
             ]
             for _ in range(4):  # a load, then a move, then a wrapper: a few steps at most
                 more = {
                     key
-                    for key, value in bindings
-                    if key is not None and key not in found and self._unpickled(value, found)
+                    for key, value, _ in bindings
+                    if key is not None and key not in found and self._unnamed(value, found)
                 }
                 if not more:
                     break
                 found |= more
             # A name also bound to something else (model = Small().cuda()) may not be one.
-            found -= {k for k, v in bindings if k in found and not self._unpickled(v, found)}
-            self.ctx.cache["st006_loaded_whole"] = found
+            found -= {
+                k
+                for k, v, param in bindings
+                if k in found and not param and not self._unnamed(v, found)
+            }
+            self.ctx.cache["st006_unnamed_models"] = found
         return found
 
-    def _unpickled(self, value: ast.AST, loaded: Set[str]) -> bool:
-        """``value`` is what ``torch.load`` returned, or a name in ``loaded``, seen through
-        subscripts, method calls (``.cuda()``, ``.float()``) and the parallel wrappers."""
+    def _unnamed(self, value: ast.AST, loaded: Set[str]) -> bool:
+        """``value`` is what ``torch.load`` or a factory of the project (a function or method
+        the project defines, not a class, whatever its case; a registry's entry called) returned,
+        or a name in ``loaded``, seen through subscripts, method calls (``.cuda()``,
+        ``.float()``) and the parallel wrappers."""
+        defined = self._project_defined()
         while True:
             if isinstance(value, ast.Call):
-                if self.ctx.qualname(value.func) == "torch.load":
+                func = value.func
+                if self.ctx.qualname(func) == "torch.load" or isinstance(func, ast.Subscript):
                     return True
-                if call_name(value.func) in _WRAPPERS and value.args:
+                name = call_name(func)
+                if name in _WRAPPERS and value.args:
                     value = value.args[0]
-                elif isinstance(value.func, ast.Attribute):
-                    value = value.func.value
+                    continue
+                if name not in _MOVES and name in defined:
+                    return True
+                if isinstance(func, ast.Attribute):
+                    value = func.value
                 else:
                     return False
             elif isinstance(value, ast.Subscript):
@@ -731,16 +601,26 @@ class UnsyncedCudaTiming(Rule):
                 return var_key(value) in loaded
 
     def _callee_syncs(self, call: ast.Call) -> bool:
-        """``call`` runs code of the project that may wait for the GPU: a function or class
-        (its ``forward``, a loss) of the project's modules, by the name it is imported or
-        defined under, or a name the file binds to an instance of one. A model the file
-        unpickled whole runs a class the file never names: it may wait when a model class of
-        the project does (a detector whose eval forward suppresses boxes; not a loss)."""
+        """``call`` runs code that may wait for the GPU: torch's ``LBFGS.step``, which reads
+        the closure's loss back every evaluation; a function or class (its ``forward``, a
+        loss) of the project's modules, by the name it is imported or defined under, a name
+        the file binds to an instance of one, or a method of such an instance
+        (``self.util.non_max_suppression(...)``, ``quantizer.quantize()``). A model whose
+        class the file never names (unpickled whole, or made by a factory of the project) may
+        be any of the project's: it may wait when the ``forward`` of a model class of the
+        project does (a detector's head assigning labels or suppressing boxes; not a loss's,
+        not a transform's ``__call__``)."""
+        func = call.func
+        bound = self._bound_calls()
+        if isinstance(func, ast.Attribute) and func.attr == "step":
+            if "LBFGS" in bound.get(var_key(func.value) or "", ()):
+                return True
         names = self._project_syncs()
         if not names:
             return False
-        func = call.func
-        if var_key(func) in self._loaded_whole() and any(_model_class(n) for n in names):
+        if var_key(func) in self._unnamed_models() and any(
+            n.endswith(".forward") and model_class(n.split(".")[0]) for n in names
+        ):
             return True
         called = {call_name(func)} if isinstance(func, ast.Name) else set()
         if isinstance(func, ast.Name):
@@ -750,7 +630,11 @@ class UnsyncedCudaTiming(Rule):
             called.add(qual.split(".")[-1])
         key = var_key(func)
         if key is not None:
-            called |= self._bound_calls().get(key, set())
+            called |= bound.get(key, set())
+        if isinstance(func, ast.Attribute):
+            owner = var_key(func.value)
+            for made in bound.get(owner or "", ()):
+                called.add(f"{made}.{func.attr}")
         return bool(called & names)
 
     # -- which calls launch CUDA work --------------------------------------------------------
@@ -861,6 +745,13 @@ class UnsyncedCudaTiming(Rule):
             kind = summaries.get(name) if name is not None else None
             if kind is None and self._callee_syncs(call):
                 kind = _SYNC  # code of the project that waits for the GPU (a loss that reads back)
+                if var_key(call.func) in self._unnamed_models() or (
+                    self._work_kind(call, cuda_scope) == _MAJOR
+                ):
+                    # A forward that waits inside (a head assigning labels): main work, then
+                    # a wait for it, in that order.
+                    judged.append((pos, _MAJOR))
+                    pos = (pos[0], pos[1] + 1)
             if kind is None:
                 kind = self._work_kind(call, cuda_scope)
             if kind is not None:

@@ -1,0 +1,250 @@
+"""What project code may wait for the GPU when a timed interval calls it (ST006's project facts).
+
+``syncing_definitions`` is the per-file gather for ``Context.project_facts``: the module-level
+functions and classes of a file, and each class's methods as ``Class.method``, whose code may
+synchronize (a host copy, a data-dependent op, a tested predicate), following a class's calls
+of its own methods (``self.get_losses()`` ... ``self.get_assignments()``) to any depth.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, FrozenSet, List, Set, Tuple
+
+from safetorch.check.rules._helpers import call_name, self_attr
+
+# Methods that wait for the GPU: an explicit synchronize, a copy of a result to the host, an op
+# whose output size depends on the data (nonzero, unique: the count is read back), a logger
+# that turns a tensor into a number (``writer.add_scalar``), a barrier between processes.
+SYNC_METHODS = frozenset(
+    {"synchronize", "item", "cpu", "tolist", "numpy", "elapsed_time"}
+    | {"nonzero", "unique", "masked_select", "argwhere"}
+    | {"add_scalar", "add_scalars", "barrier", "wait_for_everyone"}
+)
+
+
+# Functions of any module that read their result back to the host: non-maximum suppression
+# returns a data-dependent number of boxes (torchvision's and the detection repositories' own).
+SYNC_NAMES = frozenset({"nms", "batched_nms", "soft_nms"})
+
+
+# Tensor predicates whose result, tested by ``if``/``while``/``assert``, is read by the host.
+PREDICATES = frozenset({"any", "all", "isnan", "isinf", "isfinite", "equal", "allclose"})
+
+
+def reads_first(node: ast.Subscript) -> bool:
+    """``x[0]`` read (not assigned to)."""
+    index = node.slice
+    return (
+        isinstance(node.ctx, ast.Load)
+        and isinstance(index, ast.Constant)
+        and type(index.value) is int
+        and index.value == 0
+    )
+
+
+def legacy_scalar(node: ast.Subscript) -> bool:
+    """``loss.data[0]``: a Python number on the torch (before 0.4) that code written this way
+    supports, read from the device."""
+    value = node.value
+    return isinstance(value, ast.Attribute) and value.attr == "data" and reads_first(node)
+
+
+_COMPARISONS = frozenset({"gt", "lt", "ge", "le", "eq", "ne"})
+
+
+def _masks(node: ast.AST) -> Set[str]:
+    """Names ``node``'s code binds to a comparison's result, or to a value made from one
+    (``pos = conf > 0``, ``idx = pos.unsqueeze(2).expand_as(x)``): boolean masks."""
+    binds = [
+        (t.id, n.value)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    ]
+    found: Set[str] = set()
+    for _ in range(3):
+        for name, value in binds:
+            for sub in ast.walk(value):
+                if (
+                    isinstance(sub, ast.Compare)
+                    or (isinstance(sub, ast.Name) and sub.id in found)
+                    or (isinstance(sub, ast.Attribute) and sub.attr in _COMPARISONS)
+                ):
+                    found.add(name)
+                    break
+    return found
+
+
+def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
+    """Whether the code under ``node`` has something that waits for the GPU (a host copy, a
+    synchronize, a data-dependent op, printing or converting a value, a boolean-mask index,
+    Python's ``max``/``min`` of a tensor, a tested tensor predicate): a call of it inside a
+    timed interval may synchronize. ``masks``: names bound to boolean masks (``_masks``)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            name = call_name(func)
+            if isinstance(func, ast.Attribute) and func.attr in SYNC_METHODS:
+                return True
+            if name in SYNC_NAMES or (isinstance(func, ast.Name) and name in SYNC_METHODS):
+                return True
+            if isinstance(func, ast.Name) and func.id in ("print", "float", "int", "bool"):
+                if any(not isinstance(a, ast.Constant) for a in sub.args):
+                    return True
+            if isinstance(func, ast.Name) and func.id in ("max", "min") and len(sub.args) > 1:
+                if any(isinstance(a, ast.Call) for a in sub.args):
+                    return True  # max(t.sum(), 1): a comparison the host reads
+            if name in ("nonzero", "unique", "masked_select", "argwhere", "save"):
+                return True
+        elif isinstance(sub, ast.Subscript):
+            index = sub.slice
+            if legacy_scalar(sub) or isinstance(index, ast.Compare):
+                return True
+            if isinstance(index, ast.Name) and index.id in masks:
+                return True
+        elif isinstance(sub, (ast.If, ast.While, ast.Assert)):
+            for part in ast.walk(sub.test):
+                if isinstance(part, ast.Call) and call_name(part.func) in PREDICATES:
+                    return True
+    return False
+
+
+def _methods(node: ast.ClassDef) -> Dict[str, ast.AST]:
+    """A class body's methods by name (those under an ``if`` of the body too)."""
+    found: Dict[str, ast.AST] = {}
+    todo: List[ast.stmt] = list(node.body)
+    while todo:
+        stmt = todo.pop(0)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.setdefault(stmt.name, stmt)
+        elif isinstance(stmt, ast.If):
+            todo.extend(stmt.body + stmt.orelse)
+    return found
+
+
+def _runs_when_called(
+    node: ast.AST, entry: Tuple[str, ...] = ("forward", "__call__")
+) -> List[ast.AST]:
+    """What a call of the definition ``node`` runs: a function's body; a class's ``entry``
+    methods (``forward`` / ``__call__``) and the methods they call on ``self``, and the
+    methods those call, to any depth (a head's ``forward`` calling ``self.get_losses()``
+    calling ``self.get_assignments()``; never ``__init__``)."""
+    if not isinstance(node, ast.ClassDef):
+        return [node]
+    methods = _methods(node)
+    todo = [methods[n] for n in entry if n in methods]
+    seen: Set[int] = set()
+    out: List[ast.AST] = []
+    while todo:  # a work list: methods that call each other in a cycle end
+        method = todo.pop()
+        if id(method) in seen:
+            continue
+        seen.add(id(method))
+        out.append(method)
+        for sub in ast.walk(method):
+            if isinstance(sub, ast.Call):
+                name = self_attr(sub.func)
+                if name is not None and name in methods and name != "__init__":
+                    todo.append(methods[name])
+    return out
+
+
+def model_class(name: str) -> bool:
+    """A class name that may be a model's (not a loss's or a criterion's)."""
+    lowered = name.lower()
+    return name[:1].isupper() and "loss" not in lowered and "criterion" not in lowered
+
+
+def made_by(value: ast.AST) -> str:
+    """The name of what builds ``value``: ``Net`` for ``Net(...)``, ``Net(...).cuda()``,
+    ``Net(...).to(device).eval()``; "" for anything else."""
+    while (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and isinstance(value.func.value, ast.Call)
+    ):
+        value = value.func.value
+    return call_name(value.func) if isinstance(value, ast.Call) else ""
+
+
+def _calls_into(node: ast.AST, parts: List[ast.AST]) -> FrozenSet[str]:
+    """Names of the project code a call of ``node`` reaches from ``parts`` (what it runs):
+    functions called by a bare name, the classes whose instances it calls through a ``self``
+    attribute its class binds (``self.head = Head()`` ... ``self.head(x)``), and the methods
+    it calls on such an instance, as ``Class.method`` (``self.util.nms(...)``)."""
+    attrs: Dict[str, str] = {}
+    if isinstance(node, ast.ClassDef):
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Assign) and len(sub.targets) == 1:
+                attr = self_attr(sub.targets[0])
+                made = made_by(sub.value)
+                if attr is not None and made[:1].isupper():
+                    attrs[attr] = made
+    found: Set[str] = set()
+    for part in parts:
+        for sub in ast.walk(part):
+            if isinstance(sub, ast.Call):
+                func = sub.func
+                if isinstance(func, ast.Name):
+                    found.add(func.id)
+                attr = self_attr(func)
+                if attr is not None and attr in attrs:
+                    found.add(attrs[attr])
+                if isinstance(func, ast.Attribute):
+                    owner = self_attr(func.value)
+                    if owner is not None and owner in attrs:
+                        found.add(f"{attrs[owner]}.{func.attr}")
+    return frozenset(found)
+
+
+def syncing_definitions(
+    tree: ast.Module, path: str
+) -> Tuple[FrozenSet[str], Tuple[Tuple[str, FrozenSet[str]], ...], FrozenSet[str]]:
+    """(the module-level functions and classes of a file, and the methods of its classes as
+    ``Class.method``, whose code may wait for the GPU when called, a class by its
+    ``forward`` / ``__call__``; for the others, the project code each reaches; the names of
+    the functions the file defines, at module level or as methods, whatever their case): a gather function for
+    ``project_facts``, joined over the project by ``UnsyncedCudaTiming._project_syncs``.
+
+    >>> src = (
+    ...     "class Head:\\n"
+    ...     "    def forward(self, x):\\n        return self.loss(x)\\n"
+    ...     "    def loss(self, x):\\n        return self.assign(x)\\n"
+    ...     "    def assign(self, x):\\n        return int(x[0])\\n"
+    ...     "    def shape(self, x):\\n        return x.shape\\n"
+    ... )
+    >>> found, reaches, defined = syncing_definitions(ast.parse(src), "m.py")
+    >>> sorted(found)
+    ['Head', 'Head.assign', 'Head.forward', 'Head.loss']
+    >>> sorted(defined)
+    ['assign', 'forward', 'loss', 'shape']
+    """
+    found = set()
+    reaches = []
+    defined = set()
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if not isinstance(node, ast.ClassDef):
+            defined.add(node.name)
+        masks = _masks(node)  # of the whole class: a method passes its mask to another
+        parts = _runs_when_called(node)
+        if any(_body_syncs(part, masks) for part in parts):
+            found.add(node.name)
+        else:
+            reaches.append((node.name, _calls_into(node, parts)))
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for name in _methods(node):
+            if name.startswith("__") and name != "__call__":
+                continue
+            defined.add(name)
+            key = f"{node.name}.{name}"
+            parts = _runs_when_called(node, (name,))
+            if any(_body_syncs(part, masks) for part in parts):
+                found.add(key)
+            else:
+                reaches.append((key, _calls_into(node, parts)))
+    return frozenset(found), tuple(reaches), frozenset(defined)
