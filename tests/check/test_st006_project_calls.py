@@ -22,7 +22,7 @@ import torch
 
 # A detector whose head waits three methods deep (a label assignment reads a count back), a
 # box decoder whose suppression copies to the host, a factory and a registry of models.
-_NETS = '''
+_NETS = """
 import torch
 
 
@@ -59,10 +59,10 @@ def get_model(cfg):
 
 
 MODELS = {"head": Head}
-'''
+"""
 
 # The same project without the waiting head: nothing it defines waits in a forward.
-_PLAIN_NETS = '''
+_PLAIN_NETS = """
 import torch
 
 
@@ -81,7 +81,7 @@ def get_model(cfg):
 
 
 MODELS = {"head": Head}
-'''
+"""
 
 
 def _lines(tmp_path: Path, nets: str, body: str) -> List[int]:
@@ -173,12 +173,15 @@ def test_the_same_model_in_a_project_whose_forwards_never_wait_is_reported(
 
 
 def test_a_lowercase_class_is_named_not_a_factory(tmp_path: Path) -> None:
-    nets = _NETS + '''
+    nets = (
+        _NETS
+        + """
 
 class tinyNet(torch.nn.Module):
     def forward(self, x):
         return x * 2
-'''
+"""
+    )
     body = """
     from nets import tinyNet
 
