@@ -168,10 +168,13 @@ class DetachThenInPlace(Rule):
     ``self.net(h)``, or an op on one, ``h.relu()``, ``h * 2``); ``x`` is read again after
     the write; and a backward runs after the write (``.backward()``,
     ``torch.autograd.grad``) or the function is a ``forward``, whose output the caller
-    differentiates. It is quiet without that evidence: a parameter of the function or a
+    differentiates, and the write goes through ``.detach()`` (a write through ``x.data`` in a
+    forward, ``scores.data.masked_fill_(mask, -inf)`` before a softmax, is the old spelling of
+    a write meant to reach ``x``: only a backward in the function is evidence there). It is
+    quiet without that evidence: a parameter of the function or a
     global (nothing shows it is in a graph), an attribute (an EMA copy, a buffer, state
     written outside autograd on purpose), the output of a call nothing else holds, a copy
-    or a factory's tensor (``torch.clone(g).detach()``, ``torch.zeros(n)``), data
+    or a factory's tensor (``torch.clone(g).detach()``, ``torch.zeros(n)``, ``x.new(n)``), data
     (``torch.from_numpy``), a gradient (``p.grad.detach().mul_(scale)``), a loop variable
     (``for p in params: p.data.add_(...)``), a tensor made under ``torch.no_grad()``, an
     original not used after the write, or a chain that copies (``.detach().clone()``;

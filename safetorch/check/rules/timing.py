@@ -260,11 +260,16 @@ class UnsyncedCudaTiming(Rule):
     ``"%.3f" % loss``), a blocking copy to the device (``x.cuda()``, ``x.to(device)``
     without ``non_blocking=True``), a call of a function of the file that does any of these
     anywhere (``validate(...)``, ``self.log_step()``), and a call of the project's own code
-    that may (a function of another module, or an instance of a project class whose
-    ``forward`` reads back: a loss that indexes by a boolean mask or takes Python's
-    ``max(t.sum(), 1)``, a post-processing step that copies to the host), or a model the
-    file unpickled whole (``net = torch.load(path)``, then moved or wrapped) in a project one
-    of whose classes reads back: the class the file never names may be that one.
+    that may (a function of another module, an instance of a project class whose
+    ``forward`` reads back, through its own methods to any depth: a loss that indexes by a
+    boolean mask or takes Python's ``max(t.sum(), 1)``, a head whose label assignment reads
+    a count, a post-processing step that copies to the host; a method of such an instance,
+    ``self.decoder.suppress(boxes)``), torch's ``LBFGS.step``, which reads the closure's
+    loss back, or a model whose class the file never names (unpickled whole,
+    ``net = torch.load(path)``; made by a factory or a registry of the project,
+    ``build_model(cfg)``, ``MODELS[name](...)``; passed in, ``self.model = model``) in a
+    project one of whose model classes' ``forward`` reads back: the class the file never
+    names may be that one.
 
     A copy before the main work (``model(x.cuda())``) waits only for what came before, so
     it does not silence the interval. Loops are understood: a loop inside the interval that
