@@ -236,8 +236,11 @@ BAR, BAR_FINDINGS = 97.0, 5
 SEED_RULES = frozenset({"ST004", "ST005", "ST006", "ST012"})
 SEED_RETIRED_ROWS = 276
 # Held-out seed-rule findings read while planning a later stop, retired into development for
-# that rule alone (check_corpus/README.md, "Twelfth batch"): rule -> repositories.
+# that rule alone (check_corpus/README.md, "Twelfth batch", "Thirteenth batch"): rule ->
+# repositories (for ST004/ST006, every held-out row of the eleventh and twelfth batches).
+ELEVENTH_AND_TWELFTH = (277, 345)  # their rows in corpus.tsv, 1-based, inclusive
 SEED_READ: Dict[str, FrozenSet[str]] = {"ST005": frozenset({"yl4579/StyleTTS2"})}
+SEED_READ_ROWS = {"ST004": ELEVENTH_AND_TWELFTH, "ST006": ELEVENTH_AND_TWELFTH}
 
 
 class Halves(Dict[str, str]):
@@ -268,6 +271,9 @@ def halves(repos: Sequence[Dict[str, str]]) -> Halves:
         code: frozenset(r["directory"] for r in repos if r["repo"] in names)
         for code, names in SEED_READ.items()
     }
+    for code, (first, last) in SEED_READ_ROWS.items():
+        rows = frozenset(r["directory"] for r in repos[first - 1 : last])
+        read[code] = read.get(code, frozenset()) | rows
     return Halves(found, (r["directory"] for r in repos[:SEED_RETIRED_ROWS]), read)
 
 
