@@ -243,3 +243,31 @@ def test_lbfgs_step_reads_the_closure_loss_back(tmp_path: Path) -> None:
         return took, time.perf_counter() - tic
     """
     assert _lines(tmp_path, _PLAIN_NETS, body) == [21]
+
+
+def test_a_backward_of_cpu_tensors_is_no_cuda_work(tmp_path: Path) -> None:
+    # x is copied to the GPU under another name, so x (and what the layer makes of it) is on
+    # the CPU; z comes from a factory given no device. Only the GPU halves are reported.
+    body = """
+    def compare(layer, x):
+        t0 = time.time()
+        out = layer(x)
+        out.backward(out.data)
+        cpu_time = time.time() - t0
+        x_cuda = x.cuda()
+        t0 = time.time()
+        out_cuda = layer(x_cuda)
+        out_cuda.backward(out_cuda.data)
+        gpu_time = time.time() - t0
+        z = torch.randn(64, 64).float().requires_grad_()
+        t0 = time.time()
+        torch.exp(-z).sum().backward()
+        w = torch.exp(-z) / 2
+        w.sum().backward()
+        plain = time.time() - t0
+        z_cuda = torch.randn(64, 64, device="cuda").requires_grad_()
+        t0 = time.time()
+        (z_cuda * 2).sum().backward()
+        return cpu_time, gpu_time, plain, time.time() - t0
+    """
+    assert _lines(tmp_path, _PLAIN_NETS, body) == [11, 21]

@@ -38,7 +38,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 from safetorch.check.engine import Context
 from safetorch.check.fixer import parents as parent_map
 from safetorch.check.rules import _load_flow as flow
-from safetorch.check.rules._helpers import call_name, module_files
+from safetorch.check.rules._helpers import call_name, module_files, self_attr
 from safetorch.check.rules._wrapped import is_main_guard
 
 __all__ = ["RANKS", "cuda_save", "device_saves", "mentions_cuda", "runs_off_cuda"]
@@ -585,14 +585,28 @@ def _type_test(test: ast.expr) -> bool:
     return bool(layer) and all(layer)
 
 
+def _cuda_default(call: ast.AST) -> bool:
+    """``torch.set_default_tensor_type("torch.cuda.FloatTensor")`` (or the type itself),
+    ``torch.set_default_device("cuda")``: every new tensor is made on CUDA."""
+    if not isinstance(call, ast.Call) or not call.args:
+        return False
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    if name not in ("set_default_tensor_type", "set_default_device"):
+        return False
+    first = call.args[0]
+    text = first.value if isinstance(first, ast.Constant) else ast.unparse(first)
+    return isinstance(text, str) and "cuda" in text
+
+
 def _move_statements(body: List[ast.stmt]) -> List[ast.AST]:
     """The statements of ``body`` run whatever the machine (not inside an ``if``, a loop's
     ``else``, a ``try`` handler, a nested function or class), an ``if`` on a value's type
-    aside (``for m in model.modules(): if isinstance(m, nn.BatchNorm2d): mask.cuda()``)."""
+    or the ``__main__`` guard aside (``for m in model.modules(): if isinstance(m,
+    nn.BatchNorm2d): mask.cuda()``)."""
     out: List[ast.AST] = []
     for stmt in body:
         if isinstance(stmt, ast.If):
-            if _type_test(stmt.test):
+            if _type_test(stmt.test) or is_main_guard(stmt.test):
                 out.extend(_move_statements(stmt.body))
             continue
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -608,7 +622,8 @@ def _move_statements(body: List[ast.stmt]) -> List[ast.AST]:
 
 def _unconditional_cuda(stmt: ast.AST) -> bool:
     """``x = x.cuda()`` / ``model.cuda()`` / ``device = torch.device("cuda")`` /
-    ``DEVICE = "cuda"``: a move to CUDA (or a CUDA-only device) no test guards."""
+    ``DEVICE = "cuda"`` / ``torch.set_default_tensor_type("torch.cuda.FloatTensor")``: a
+    move to CUDA (or a CUDA-only device or default) no test guards."""
     if isinstance(stmt, ast.Expr):
         value: Optional[ast.AST] = stmt.value
     elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
@@ -622,7 +637,7 @@ def _unconditional_cuda(stmt: ast.AST) -> bool:
             return False  # chosen by a test: ``x.cuda() if cuda else x``
     if isinstance(stmt, ast.Expr):
         call = stmt.value
-        return (
+        return _cuda_default(call) or (
             isinstance(call, ast.Call)
             and isinstance(call.func, ast.Attribute)
             and call.func.attr == "cuda"
@@ -685,6 +700,43 @@ def _path_values(ctx: Context, call: ast.Call) -> List[ast.AST]:
     if isinstance(path, ast.Name):
         values = list(file.assigned(file.scope_of(call)).get(path.id, [])) or values
     return values
+
+
+def _saved_and_returned(fn: ast.AST) -> bool:
+    """``fn`` saves with ``torch.save(obj, path)`` to a name it returns (``return path``)."""
+    saved: Set[str] = set()
+    returned: Set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and call_name(node.func) == "save":
+            target = node.args[1] if len(node.args) > 1 else None
+            for k in node.keywords:
+                if k.arg == "f":
+                    target = k.value
+            if isinstance(target, ast.Name):
+                saved.add(target.id)
+        elif isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
+            returned.add(node.value.id)
+    return bool(saved & returned)
+
+
+def written_by_this_run(ctx: Context, call: ast.Call) -> bool:
+    """The loaded path is what a function of the file returned after saving to it
+    (``best = self._train(...)`` ... ``torch.load(best)``, ``_train`` ending ``torch.save(
+    state, path); return path``): the file was written by this process, from its own
+    devices, so it loads back onto devices this process has."""
+    defs: Dict[str, List[ast.AST]] = {}
+    for node in ctx.walk(ctx.tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs.setdefault(node.name, []).append(node)
+    for value in _path_values(ctx, call):
+        if not isinstance(value, ast.Call):
+            continue
+        func = value.func
+        name = func.id if isinstance(func, ast.Name) else self_attr(func)
+        found = defs.get(name or "", [])
+        if found and all(_saved_and_returned(fn) for fn in found):
+            return True
+    return False
 
 
 def per_rank_file(ctx: Context, call: ast.Call) -> bool:

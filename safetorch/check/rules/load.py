@@ -742,8 +742,10 @@ class LoadWithoutMapLocation(Rule):
     ``.to("cpu")`` elsewhere, nor a switch that cannot be off: ``--cuda`` with
     ``action="store_true"`` and ``default=True``, ``use_cuda`` bound only to ``True``),
     with no statement of the file that moves to CUDA whatever
-    is tested (``model.cuda()``, ``DEVICE = "cuda"``, also under a test of a value's type:
-    ``if isinstance(m, nn.BatchNorm2d): mask = mask.cuda()``); a script (``if __name__ ==
+    is tested (``model.cuda()``, ``DEVICE = "cuda"``,
+    ``torch.set_default_tensor_type("torch.cuda.FloatTensor")``, also under a test of a
+    value's type, ``if isinstance(m, nn.BatchNorm2d): mask = mask.cuda()``, or under the
+    ``if __name__ == "__main__":`` entry); a script (``if __name__ ==
     "__main__":``) that never puts anything on a GPU (neither it nor a project module it
     imports names CUDA) runs on the CPU too; or in
     several processes it starts or joins (``init_process_group``, DDP, ``local_rank``,
@@ -757,7 +759,9 @@ class LoadWithoutMapLocation(Rule):
     Quiet without that evidence: a file the project never writes (a download, a published
     pretrained file), another program's checkpoint (``examples/gan/`` saving, ``examples/
     mnist/`` loading), a data cache (``torch.save(corpus, fn)``), an in-memory buffer
-    (``io.BytesIO``) the process filled itself, a generic helper's save to a path it is given
+    (``io.BytesIO``) the process filled itself, a path a function of the file saved to and
+    returned (``best = self._fit()`` ... ``torch.load(best)``: this run wrote it, from its own
+    devices), a generic helper's save to a path it is given
     in a file that never names CUDA, a library module that shows no CPU path or ranks (an
     import of ``torch.distributed`` is none), a CUDA-only single-process script. Quiet too
     where the file evidently holds CPU tensors (``.cpu()`` tensors, a module moved to the
@@ -795,6 +799,8 @@ class LoadWithoutMapLocation(Rule):
             return  # evidently CPU tensors, a CUDA-only branch, a test, a pretrained file
         if _map_location.loads_from_memory(self.ctx, node):
             return  # an in-memory buffer this process filled: its devices are this process's
+        if _map_location.written_by_this_run(self.ctx, node):
+            return  # a path a function of the file saved to and returned: this run's file
         save = _map_location.cuda_save(self.ctx, node)
         if save is None:
             return

@@ -7,6 +7,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from safetorch.check.engine import Context
 from safetorch.check.rules._base import Rule
+from safetorch.check.rules._cpu_values import cpu_made, cpu_names
 from safetorch.check.rules._helpers import (
     FUNCTION_DEFS,
     Pos,
@@ -271,6 +272,11 @@ class UnsyncedCudaTiming(Rule):
     project one of whose model classes' ``forward`` reads back: the class the file never
     names may be that one.
 
+    A backward of CPU tensors is no CUDA work, whatever else the function runs on the GPU: a
+    name copied to the GPU under another name (``x_cuda = x.cuda()``: ``x`` stays on the
+    CPU), a factory's tensor made without a device (``torch.randn(n)``), and what is computed
+    from such names alone (``out = layer(x)``, ``torch.exp(-z)``).
+
     A copy before the main work (``model(x.cuda())``) waits only for what came before, so
     it does not silence the interval. Loops are understood: a loop inside the interval that
     launches main work and waits waits every iteration (an epoch timed around a loop that
@@ -319,6 +325,7 @@ class UnsyncedCudaTiming(Rule):
         self._cuda_scopes: Set[int] = set()
         self._any_timer = False
         self._scopes: Dict[int, _Interval] = {}
+        self._scope_nodes: Dict[int, ast.AST] = {}
         self._compared: Set[int] = set()  # elapsed times only compared (a timeout), not reported
 
     def _events(self) -> _Interval:
@@ -326,6 +333,7 @@ class UnsyncedCudaTiming(Rule):
         found = self._scopes.get(key)
         if found is None:
             found = self._scopes[key] = _Interval()
+            self._scope_nodes[key] = self.ctx.scope
         return found
 
     def _timer(self, node: ast.AST) -> Optional[ast.Call]:
@@ -698,14 +706,19 @@ class UnsyncedCudaTiming(Rule):
             return False
         return _is_cpu(device) or var_key(device) in cpu
 
-    def _work_kind(self, call: ast.Call, cuda_scope: bool) -> Optional[str]:
+    def _work_kind(
+        self, call: ast.Call, cuda_scope: bool, cpu: FrozenSet[str] = frozenset()
+    ) -> Optional[str]:
         """``_MAJOR`` for a model's forward, ``.backward()`` or an optimizer's step,
-        ``_WORK`` for other CUDA work (tensor arithmetic, bookkeeping), None for no work."""
+        ``_WORK`` for other CUDA work (tensor arithmetic, bookkeeping), None for no work.
+        ``cpu``: the scope's names that hold CPU tensors (``cpu_names``): their backward is
+        no CUDA work."""
         func = call.func
         names = self._cuda_names()
         method = func.attr if isinstance(func, ast.Attribute) else None
         if method == "backward" and cuda_scope:
-            return _MAJOR
+            receiver = func.value if isinstance(func, ast.Attribute) else func
+            return None if cpu and cpu_made(receiver, set(cpu)) else _MAJOR
         if method == "step" and cuda_scope and isinstance(func, ast.Attribute):
             if _optimizer_like(func.value):
                 return _MAJOR
@@ -740,10 +753,21 @@ class UnsyncedCudaTiming(Rule):
                 found.setdefault(("self." if method else "") + node.name, []).append(id(node))
         return found
 
+    def _cpu_names(self, scope: int) -> FrozenSet[str]:
+        """The names of the scope ``scope`` (an id) that hold CPU tensors (once per scope)."""
+        key = f"st006_cpu_{scope}"
+        found = self.ctx.cache.get(key)
+        if found is None:
+            node = self._scope_nodes.get(scope)
+            found = frozenset(cpu_names(node)) if node is not None else frozenset()
+            self.ctx.cache[key] = found
+        return found
+
     def _judge(self, scope: int, events: _Interval, summaries: Dict[str, str]) -> None:
         """Fill ``events.events``: each sync, and each call's work, in source order; a call
         of a function of the file counts as what that function's last CUDA interaction is."""
         cuda_scope = scope in self._cuda_scopes
+        cpu = self._cpu_names(scope)
         judged = [(pos, _SYNC) for pos in events.syncs]
         for pos, call in events.calls:
             name = events.local.get(id(call))
@@ -758,7 +782,7 @@ class UnsyncedCudaTiming(Rule):
                     judged.append((pos, _MAJOR))
                     pos = (pos[0], pos[1] + 1)
             if kind is None:
-                kind = self._work_kind(call, cuda_scope)
+                kind = self._work_kind(call, cuda_scope, cpu)
             if kind is not None:
                 judged.append((pos, kind))
         judged.sort()
