@@ -528,8 +528,9 @@ def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optiona
     2, or the file may hold data an older torch's weights-only unpickler lacks (anything but
     a strict module state dict: ``tensors_only``; a class of the project with its own
     ``load_state_dict``, a state-dict hook or an import of torch2trt makes no load
-    ``tensors_only``: :func:`state_dict_takes_objects`). None where ``weights_only=True``
-    reads it on every torch the finding concerns (before 2.6)."""
+    ``tensors_only``: :func:`state_dict_takes_objects`; ``st.load`` reads what a module's
+    own state keeps, not what a class's own ``load_state_dict`` may take: any object). None where
+    ``weights_only=True`` reads it on every torch the finding concerns (before 2.6)."""
     for path, line in sorted(ctx.project_facts("ST003-own-pickler", own_pickler).items()):
         if line is not None:
             return (
@@ -547,14 +548,21 @@ def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optiona
             return _protocol_reason(save.path, save.line, found)
     if tensors_only:
         own = ctx.project_facts("ST003-state-dict-takes-objects", state_dict_takes_objects)
-        where = next(((p, n) for p, n in sorted(own.items()) if n is not None), None)
-        if where is None:
+        takes = sorted((p, n) for p, n in own.items() if n is not None)
+        if not takes:
             return None
+        # A class's own load_state_dict anywhere decides (no fix); else the first thing found.
+        where = next((t for t in takes if t[1][1].endswith("its own load_state_dict")), takes[0])
         path, (line, what) = where
+        # st.load reads the plain data a module's own state keeps (a TRTModule's bytearray, a
+        # hook's bytes or floats); a class's own load_state_dict (a trainer's, not a
+        # module's) may take any object from its dict (a whole module: CORL's Scalar), which
+        # st.load refuses as well: no fix then.
+        readable = not what.endswith("its own load_state_dict")
         return (
             f"may refuse it: {what} ({path}:{line}), so a strict load_state_dict may take "
             "more than tensors",
-            True,
+            readable,
         )
     return (
         "refuses plain data some torch releases before 2.6 cannot read weights-only (a float "

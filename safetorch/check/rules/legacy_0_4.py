@@ -374,6 +374,10 @@ class VolatileVariable(Rule):
 
     code = "ST021"
 
+    # 94.6% of 112 on the held-out half once the thirteenth batch was labelled (stop 56: 2
+    # right, 6 wrong there): below the 97% bar, so preview (docs/check.md).
+    preview = True
+
     name = "volatile-variable"
     uses = "st.legacy.volatile"
     torch_symbols = _VARIABLE

@@ -883,6 +883,10 @@ class DropoutBeforeBatchNorm(Rule):
 
     code = "ST009"
 
+    # 5 of 6 on the held-out half once the thirteenth batch was labelled (stop 56: its one
+    # finding there wrong): below the 97% bar, so preview (docs/check.md).
+    preview = True
+
     name = "dropout-before-bn"
     torch_symbols = ()
 

@@ -5,6 +5,7 @@ patch's pitfalls.
 from __future__ import annotations
 
 import ast
+import posixpath
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
@@ -314,11 +315,29 @@ def _weights_only_blocker(ctx: Context, call: ast.Call) -> Optional[Tuple[str, b
             # Evidence only where the load names its file; else any save may be the one.
             evident = named and save.held.startswith(flow.EVIDENT)
             return f"{save.path}:{save.line} may write it with {save.held}", evident
+    if found and shape is not None and shape.exact is not None:
+        base = posixpath.basename(shape.exact)
+        if base and not any(_names_file(s.shape, base) for s in found):
+            # The saves that may write it match by a wildcard only (``f"{epoch}.pth"``): the
+            # file the load names may come from elsewhere (a download, a renamed copy).
+            return f"no save of the project names {base}, so what it holds is unknown", False
     if found:
         return None
     if external:
         return "a downloaded or pretrained file, whose contents are unknown", False
     return "the project never writes this file, so what it holds is unknown", False
+
+
+def _names_file(shape: flow.Shape, base: str) -> bool:
+    """The save's path (``shape``) may be the file named ``base``: its literal, or its literal
+    end, ends with that whole file name (``save_dir + "best.pth"`` names ``best.pth``), or
+    nothing of it is known (a helper's ``path`` parameter, written wherever its callers say).
+    Not a path made from a pattern whose literal end is another name or only an extension
+    (``f"{epoch:02d}_{step:06d}.pth"``): a file of a fixed name comes from elsewhere."""
+    if shape.exact is None and not shape.suffix:
+        return True
+    literal = shape.exact if shape.exact is not None else shape.suffix
+    return posixpath.basename(literal) == base
 
 
 # Calls that fetch a file from elsewhere: a load in the same function reads a download.
