@@ -7,6 +7,7 @@ Each case sits beside its control; the idioms are written here in our own words.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Iterator, List
 
@@ -94,9 +95,9 @@ def test_a_class_that_loads_its_own_dict_gets_no_fix_and_st_load_would_refuse_it
     )
     full = torch.load(tmp_path / "agent.pt", weights_only=False)
     assert isinstance(full["temperature"], torch.nn.Module)
-    with pytest.raises(Exception, match="Identity"):
+    with pytest.raises(st.UnsafeCheckpointError, match="Identity"):
         st.load(tmp_path / "agent.pt")
-    with pytest.raises(Exception):
+    with pytest.raises(pickle.UnpicklingError):
         torch.load(tmp_path / "agent.pt", weights_only=True)
 
 
