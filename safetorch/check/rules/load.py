@@ -471,7 +471,10 @@ class LoadWithoutWeightsOnly(Rule):
     returns), an optimizer object, numpy data or a value the checker cannot tell (see
     below for the Namespace and numpy migrations); for a
     file the project never writes (a download, a user-supplied pretrained file: its
-    contents are unknown); where the project defines ``get_extra_state`` (a state dict may
+    contents are unknown), nor for a file of a fixed name that no save of the project names
+    (the saves that may write it write a pattern, ``f"{epoch:03d}.pth"``: the file comes
+    from elsewhere; a helper's save to the path it is given names any file); where the
+    project defines ``get_extra_state`` (a state dict may
     then hold any object); where the project is too big to read whole. The message then says
     why (which save, what it may write).
 
@@ -483,7 +486,9 @@ class LoadWithoutWeightsOnly(Rule):
     nothing in the project lets a strict load take more than tensors: no class with its own
     ``load_state_dict``, ``_load_from_state_dict`` or ``set_extra_state``, no state-dict hook
     registered, no import of torch2trt or torch_tensorrt, whose ``TRTModule`` keeps its
-    engine as a ``bytearray``), the file may hold plain data
+    engine as a ``bytearray``; where a class of the project has its own ``load_state_dict``,
+    what it takes may be any object, a whole module kept in a trainer's dict that ``st.load``
+    refuses too, so there is no fix), the file may hold plain data
     some torch before 2.6 refuses weights-only (a float on 1.13; a ``torch.device``, a
     ``set``, ``complex`` or ``bytes`` on 2.1); a save of that path passes a
     ``pickle_protocol`` other than 2 (by keyword, positionally, in a ``**{...}`` literal or
