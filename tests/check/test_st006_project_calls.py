@@ -246,10 +246,11 @@ def test_lbfgs_step_reads_the_closure_loss_back(tmp_path: Path) -> None:
 
 
 def test_a_backward_of_cpu_tensors_is_no_cuda_work(tmp_path: Path) -> None:
-    # x is copied to the GPU under another name, so x (and what the layer makes of it) is on
-    # the CPU; z comes from a factory given no device. Only the GPU halves are reported.
+    # x is copied to the GPU under another name, so x (and what the local layer makes of it)
+    # is on the CPU; z comes from a factory given no device. Only the GPU halves are reported.
     body = """
-    def compare(layer, x):
+    def compare(x):
+        layer = torch.nn.Linear(64, 64)
         t0 = time.time()
         out = layer(x)
         out.backward(out.data)
@@ -270,4 +271,4 @@ def test_a_backward_of_cpu_tensors_is_no_cuda_work(tmp_path: Path) -> None:
         (z_cuda * 2).sum().backward()
         return cpu_time, gpu_time, plain, time.time() - t0
     """
-    assert _lines(tmp_path, _PLAIN_NETS, body) == [11, 21]
+    assert _lines(tmp_path, _PLAIN_NETS, body) == [12, 22]

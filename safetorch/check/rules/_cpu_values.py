@@ -4,7 +4,7 @@ CUDA work, whatever else the function runs on the GPU)."""
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set
+from typing import Dict, FrozenSet, List, Optional, Set
 
 from safetorch.check.rules._helpers import FUNCTION_DEFS, call_name
 
@@ -13,6 +13,8 @@ _FACTORIES = frozenset(
     {"randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "arange"}
     | {"linspace", "logspace", "eye", "tensor", "as_tensor", "from_numpy", "exp", "log"}
 )
+# Wrappers that scatter their inputs to the GPUs.
+_WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel"})
 # Methods and attributes that put a tensor on (or name) a GPU.
 _TO_GPU = frozenset({"cuda", "to", "type", "device", "pin_memory"})
 
@@ -42,7 +44,8 @@ def _gpu_marked(value: ast.AST) -> bool:
 
 def _names_gpu(call: ast.Call) -> bool:
     """``x.to(device)`` / ``x.to("cuda")`` / ``x.type(torch.cuda.FloatTensor)``: an argument
-    names the GPU or a device (not a dtype, ``x.to(torch.float16)``)."""
+    names the GPU or a device (not a dtype, ``x.to(torch.float16)``, nor the CPU)."""
+    found = False
     for arg in (*call.args, *(k.value for k in call.keywords)):
         for sub in ast.walk(arg):
             text = (
@@ -54,9 +57,11 @@ def _names_gpu(call: ast.Call) -> bool:
                 if isinstance(sub, ast.Name)
                 else ""
             )
+            if "cpu" in text.lower():
+                return False  # x.to(torch.device("cpu")), x.to(cpu_device): a copy to the host
             if any(w in text.lower() for w in ("cuda", "gpu", "device")):
-                return True
-    return False
+                found = True
+    return found
 
 
 def _moved_root(value: ast.AST) -> Optional[str]:
@@ -79,19 +84,31 @@ def _moved_root(value: ast.AST) -> Optional[str]:
     return None
 
 
-def cpu_made(value: ast.AST, cpu: Set[str]) -> bool:
+def _callee_root(func: ast.AST) -> Optional[ast.AST]:
+    """The node a call's function hangs from: ``torch`` for ``torch.exp``, ``w`` for
+    ``w.sum``, the inner call for ``torch.randn(3).float``."""
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return func
+
+
+def cpu_made(value: ast.AST, cpu: Set[str], modules: FrozenSet[str] = frozenset()) -> bool:
     """``value`` makes a CPU tensor: nothing in it names a device, every name it reads (but
-    the functions it calls) holds a CPU tensor, and a torch factory it calls gets no
-    device."""
+    the functions it calls) holds a CPU tensor, a torch factory it calls gets no device, and
+    it calls only torch's functions, methods of CPU tensors and ``modules`` (names the
+    function binds to a class's instance: a module given CPU inputs runs on the CPU or
+    fails), not a helper that may move what it gets (``to_var(x)``)."""
     if _gpu_marked(value):
         return False
     callees = set()
     for sub in ast.walk(value):
         if isinstance(sub, ast.Call):
-            func = sub.func
-            while isinstance(func, ast.Attribute):
-                func = func.value
-            callees.add(id(func))
+            root = _callee_root(sub.func)
+            if isinstance(root, ast.Name) and not (
+                root.id == "torch" or root.id in modules or root.id in cpu
+            ):
+                return False  # a helper or a model of unknown kind may move what it gets
+            callees.add(id(root))
     reads = False
     for sub in ast.walk(value):
         if isinstance(sub, ast.Name) and sub.id in cpu:
@@ -115,7 +132,8 @@ def cpu_names(scope: ast.AST) -> Set[str]:
     fails).
 
     >>> src = '''
-    ... def f(layer, x):
+    ... def f(x):
+    ...     layer = Net()
     ...     out = layer(x)
     ...     x_cuda = x.cuda()
     ...     gpu_out = layer(x_cuda)
@@ -153,6 +171,17 @@ def cpu_names(scope: ast.AST) -> Set[str]:
                     binds.setdefault(sub.id, []).append(None)
         elif isinstance(node, ast.NamedExpr):
             binds.setdefault(node.target.id, []).append(None)
+    modules = frozenset(
+        name
+        for name, values in binds.items()
+        if values
+        and all(
+            isinstance(v, ast.Call)
+            and call_name(v.func)[:1].isupper()
+            and call_name(v.func) not in _WRAPPERS
+            for v in values
+        )
+    )
     cpu = {
         name
         for name, targets in copies.items()
@@ -167,7 +196,7 @@ def cpu_names(scope: ast.AST) -> Set[str]:
             for name, values in binds.items()
             if name not in cpu
             and name not in params
-            and all(v is not None and cpu_made(v, cpu) for v in values)
+            and all(v is not None and cpu_made(v, cpu, modules) for v in values)
         }
         if not more:
             break

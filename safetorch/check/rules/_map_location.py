@@ -557,11 +557,15 @@ def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tup
     ``--ngpu``); it is no path where a statement of the file moves to CUDA whatever is
     tested (``model.cuda()``, ``DEVICE = "cuda"``). Several processes: the
     script starts or joins them (``init_process_group``, DDP, ``local_rank``,
-    ``mp.spawn``), and the load is not kept to one of them (``if rank == 0:``)."""
+    ``mp.spawn``), and the load is not kept to one of them (``if rank == 0:``). A file this
+    run wrote and returned (:func:`written_by_this_run`) voids the CPU path, not the ranks:
+    every rank still loads it onto the device it was saved from."""
     cpu, ranks = _evidence(ctx)
     if call is not None:
         if cpu is not None and cuda_only_around(ctx, call) is not None:
             cpu = None
+        if cpu is not None and written_by_this_run(ctx, call):
+            cpu = None  # this run's file, from its own devices: no CPU-only reload of it
         if ranks is not None and (main_process_only(ctx, call) or per_rank_file(ctx, call)):
             ranks = None
     found = [e for e in (cpu, ranks) if e is not None]
@@ -594,20 +598,28 @@ def _cuda_default(call: ast.AST) -> bool:
     if name not in ("set_default_tensor_type", "set_default_device"):
         return False
     first = call.args[0]
-    text = first.value if isinstance(first, ast.Constant) else ast.unparse(first)
-    return isinstance(text, str) and "cuda" in text
+    if isinstance(first, ast.Constant):
+        return isinstance(first.value, str) and first.value.startswith(("cuda", "torch.cuda."))
+    # torch.cuda.FloatTensor itself, not an expression that may pick either device
+    return isinstance(first, ast.Attribute) and ast.unparse(first).startswith("torch.cuda.")
 
 
 def _move_statements(body: List[ast.stmt]) -> List[ast.AST]:
     """The statements of ``body`` run whatever the machine (not inside an ``if``, a loop's
     ``else``, a ``try`` handler, a nested function or class), an ``if`` on a value's type
-    or the ``__main__`` guard aside (``for m in model.modules(): if isinstance(m,
-    nn.BatchNorm2d): mask.cuda()``)."""
+    aside (``for m in model.modules(): if isinstance(m, nn.BatchNorm2d): mask.cuda()``),
+    and a CUDA default tensor type set at the top of the ``__main__`` guard."""
     out: List[ast.AST] = []
     for stmt in body:
         if isinstance(stmt, ast.If):
-            if _type_test(stmt.test) or is_main_guard(stmt.test):
+            if _type_test(stmt.test):
                 out.extend(_move_statements(stmt.body))
+            elif is_main_guard(stmt.test):
+                # The script's entry: a CUDA default tensor type set there, at its top level,
+                # makes every run a CUDA run (a move there may be undone below it).
+                out.extend(
+                    s for s in stmt.body if isinstance(s, ast.Expr) and _cuda_default(s.value)
+                )
             continue
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
@@ -702,21 +714,49 @@ def _path_values(ctx: Context, call: ast.Call) -> List[ast.AST]:
     return values
 
 
+def _save_target(stmt: ast.stmt) -> Optional[str]:
+    """``path`` for a statement ``torch.save(obj, path)`` (or ``f=path``), else None."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not (isinstance(call, ast.Call) and call_name(call.func) == "save"):
+        return None
+    target = call.args[1] if len(call.args) > 1 else None
+    for k in call.keywords:
+        if k.arg == "f":
+            target = k.value
+    return target.id if isinstance(target, ast.Name) else None
+
+
 def _saved_and_returned(fn: ast.AST) -> bool:
-    """``fn`` saves with ``torch.save(obj, path)`` to a name it returns (``return path``)."""
-    saved: Set[str] = set()
-    returned: Set[str] = set()
+    """``fn`` returns a name that holds only ``None`` or a path it has just saved to: the
+    function ends with ``return path``, it returns nowhere else, and each binding of ``path``
+    to anything but ``None`` is followed at once by ``torch.save(obj, path)`` (``path =
+    f"...{acc}"`` then the save, under a "best so far" test). Not a path returned before its
+    save, or saved only when the file is missing (``if not os.path.exists(path):``): that
+    file may be an earlier run's."""
+    body = getattr(fn, "body", [])
+    last = body[-1] if body else None
+    if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Name)):
+        return False
+    name = last.value.id
     for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and call_name(node.func) == "save":
-            target = node.args[1] if len(node.args) > 1 else None
-            for k in node.keywords:
-                if k.arg == "f":
-                    target = k.value
-            if isinstance(target, ast.Name):
-                saved.add(target.id)
-        elif isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
-            returned.add(node.value.id)
-    return bool(saved & returned)
+        if isinstance(node, ast.Return) and node is not last:
+            return False
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                if not isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                    continue
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    continue
+                if isinstance(stmt.value, ast.Constant) and stmt.value.value is None:
+                    continue
+                following = block[i + 1] if i + 1 < len(block) else None
+                if following is None or _save_target(following) != name:
+                    return False
+    return True
 
 
 def written_by_this_run(ctx: Context, call: ast.Call) -> bool:

@@ -9,7 +9,7 @@ of its own methods (``self.get_losses()`` ... ``self.get_assignments()``) to any
 from __future__ import annotations
 
 import ast
-from typing import Dict, FrozenSet, List, Set, Tuple
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from safetorch.check.rules._helpers import call_name, self_attr
 
@@ -77,6 +77,26 @@ def _masks(node: ast.AST) -> Set[str]:
     return found
 
 
+# Reads of a tensor's metadata, or of plain Python numbers: no wait for the GPU.
+_METADATA_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad"})
+_METADATA_CALLS = frozenset({"len", "size", "dim", "numel", "sqrt", "ceil", "floor", "log2"})
+
+
+def _metadata(value: ast.AST) -> bool:
+    """``value`` reads only a tensor's metadata or Python numbers (``x.shape[0]``,
+    ``int(math.sqrt(n))``, ``print(x.shape)``, ``f"{x.size(1)}"``), whatever else it names:
+    converting or printing it does not wait for the GPU."""
+    found = False
+    for sub in ast.walk(value):
+        if isinstance(sub, ast.Attribute) and sub.attr in _METADATA_ATTRS:
+            found = True
+        elif isinstance(sub, ast.Call) and call_name(sub.func) in _METADATA_CALLS:
+            found = True
+        elif isinstance(sub, ast.Call):
+            return False  # some other call: its result may be a tensor
+    return found
+
+
 def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
     """Whether the code under ``node`` has something that waits for the GPU (a host copy, a
     synchronize, a data-dependent op, printing or converting a value, a boolean-mask index,
@@ -91,7 +111,7 @@ def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
             if name in SYNC_NAMES or (isinstance(func, ast.Name) and name in SYNC_METHODS):
                 return True
             if isinstance(func, ast.Name) and func.id in ("print", "float", "int", "bool"):
-                if any(not isinstance(a, ast.Constant) for a in sub.args):
+                if any(not isinstance(a, ast.Constant) and not _metadata(a) for a in sub.args):
                     return True
             if isinstance(func, ast.Name) and func.id in ("max", "min") and len(sub.args) > 1:
                 if any(isinstance(a, ast.Call) for a in sub.args):
@@ -169,11 +189,8 @@ def made_by(value: ast.AST) -> str:
     return call_name(value.func) if isinstance(value, ast.Call) else ""
 
 
-def _calls_into(node: ast.AST, parts: List[ast.AST]) -> FrozenSet[str]:
-    """Names of the project code a call of ``node`` reaches from ``parts`` (what it runs):
-    functions called by a bare name, the classes whose instances it calls through a ``self``
-    attribute its class binds (``self.head = Head()`` ... ``self.head(x)``), and the methods
-    it calls on such an instance, as ``Class.method`` (``self.util.nms(...)``)."""
+def _instance_attrs(node: ast.AST) -> Dict[str, str]:
+    """``self.x`` attribute -> the class a class body binds it to an instance of."""
     attrs: Dict[str, str] = {}
     if isinstance(node, ast.ClassDef):
         for sub in ast.walk(node):
@@ -182,6 +199,17 @@ def _calls_into(node: ast.AST, parts: List[ast.AST]) -> FrozenSet[str]:
                 made = made_by(sub.value)
                 if attr is not None and made[:1].isupper():
                     attrs[attr] = made
+    return attrs
+
+
+def _calls_into(
+    node: ast.AST, parts: List[ast.AST], attrs: Optional[Dict[str, str]] = None
+) -> FrozenSet[str]:
+    """Names of the project code a call of ``node`` reaches from ``parts`` (what it runs):
+    functions called by a bare name, the classes whose instances it calls through a ``self``
+    attribute its class binds (``self.head = Head()`` ... ``self.head(x)``), and the methods
+    it calls on such an instance, as ``Class.method`` (``self.util.nms(...)``)."""
+    attrs = _instance_attrs(node) if attrs is None else attrs
     found: Set[str] = set()
     for part in parts:
         for sub in ast.walk(part):
@@ -221,30 +249,69 @@ def syncing_definitions(
     >>> sorted(defined)
     ['assign', 'forward', 'loss', 'shape']
     """
-    found = set()
-    reaches = []
-    defined = set()
+    found: Set[str] = set()
+    reaches: List[Tuple[str, FrozenSet[str]]] = []
+    defined: Set[str] = set()
     for node in tree.body:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
+        masks = _masks(node)  # of the whole class: a method passes its mask to another
         if not isinstance(node, ast.ClassDef):
             defined.add(node.name)
-        masks = _masks(node)  # of the whole class: a method passes its mask to another
-        parts = _runs_when_called(node)
-        if any(_body_syncs(part, masks) for part in parts):
-            found.add(node.name)
-        else:
-            reaches.append((node.name, _calls_into(node, parts)))
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for name in _methods(node):
-            if name.startswith("__") and name != "__call__":
-                continue
-            defined.add(name)
-            key = f"{node.name}.{name}"
-            parts = _runs_when_called(node, (name,))
-            if any(_body_syncs(part, masks) for part in parts):
-                found.add(key)
+            if _body_syncs(node, masks):
+                found.add(node.name)
             else:
-                reaches.append((key, _calls_into(node, parts)))
+                reaches.append((node.name, _calls_into(node, [node])))
+            continue
+        _class_facts(node, masks, found, reaches, defined)
     return frozenset(found), tuple(reaches), frozenset(defined)
+
+
+def _class_facts(
+    node: ast.ClassDef,
+    masks: Set[str],
+    found: Set[str],
+    reaches: List[Tuple[str, FrozenSet[str]]],
+    defined: Set[str],
+) -> None:
+    """Add a class's facts to ``found`` / ``reaches`` / ``defined``, in time linear in its
+    methods and their calls of each other: each method's body is read once, and waiting is
+    passed back along the calls (a method waits when one it calls on ``self`` does)."""
+    methods = _methods(node)
+    attrs = _instance_attrs(node)
+    calls: Dict[str, Set[str]] = {}
+    callers: Dict[str, Set[str]] = {name: set() for name in methods}
+    for name, method in methods.items():
+        calls[name] = set()
+        for sub in ast.walk(method):
+            if isinstance(sub, ast.Call):
+                callee = self_attr(sub.func)
+                if callee is not None and callee in methods and callee != "__init__":
+                    calls[name].add(callee)
+                    callers[callee].add(name)
+    waiting = [name for name, method in methods.items() if _body_syncs(method, masks)]
+    syncing: Set[str] = set()
+    while waiting:  # back along the calls: whoever calls a method that waits, waits
+        name = waiting.pop()
+        if name in syncing:
+            continue
+        syncing.add(name)
+        waiting.extend(callers[name] - syncing)
+    entry = [n for n in ("forward", "__call__") if n in methods]
+    if any(n in syncing for n in entry):
+        found.add(node.name)
+    else:
+        parts = _runs_when_called(node)
+        reaches.append((node.name, _calls_into(node, parts, attrs)))
+    for name, method in methods.items():
+        if name.startswith("__") and name != "__call__":
+            continue
+        defined.add(name)
+        key = f"{node.name}.{name}"
+        if name in syncing:
+            found.add(key)
+        else:
+            # What it reaches itself, and its own methods by name: the project's joining
+            # passes waiting back through them.
+            own = {f"{node.name}.{callee}" for callee in calls[name]}
+            reaches.append((key, _calls_into(node, [method], attrs) | own))

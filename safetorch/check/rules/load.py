@@ -783,9 +783,11 @@ class LoadWithoutMapLocation(Rule):
     Quiet without that evidence: a file the project never writes (a download, a published
     pretrained file), another program's checkpoint (``examples/gan/`` saving, ``examples/
     mnist/`` loading), a data cache (``torch.save(corpus, fn)``), an in-memory buffer
-    (``io.BytesIO``) the process filled itself, a path a function of the file saved to and
-    returned (``best = self._fit()`` ... ``torch.load(best)``: this run wrote it, from its own
-    devices), a generic helper's save to a path it is given
+    (``io.BytesIO``) the process filled itself, a path a function of the file has just saved
+    to and returns (``best = self._fit()`` ... ``torch.load(best)``, ``_fit`` ending
+    ``return path`` with every ``path = ...`` followed by its ``torch.save``: this run wrote
+    it, from its own devices; the ranks of a multi-process run still each load it onto the
+    device it was saved from), a generic helper's save to a path it is given
     in a file that never names CUDA, a library module that shows no CPU path or ranks (an
     import of ``torch.distributed`` is none), a CUDA-only single-process script. Quiet too
     where the file evidently holds CPU tensors (``.cpu()`` tensors, a module moved to the
@@ -823,8 +825,6 @@ class LoadWithoutMapLocation(Rule):
             return  # evidently CPU tensors, a CUDA-only branch, a test, a pretrained file
         if _map_location.loads_from_memory(self.ctx, node):
             return  # an in-memory buffer this process filled: its devices are this process's
-        if _map_location.written_by_this_run(self.ctx, node):
-            return  # a path a function of the file saved to and returned: this run's file
         save = _map_location.cuda_save(self.ctx, node)
         if save is None:
             return

@@ -90,6 +90,18 @@ _SYNC, _WORK, _MAJOR = "sync", "work", "major"
 # still runs the unpickled class.
 _WRAPPERS = frozenset({"DataParallel", "DistributedDataParallel"})
 
+# Packages whose factories make models of their own classes, never the project's.
+_LIBRARIES = (
+    "torch.",
+    "torchvision.",
+    "timm.",
+    "transformers.",
+    "diffusers.",
+    "huggingface_hub.",
+    "open_clip.",
+    "segmentation_models_pytorch.",
+)
+
 # Methods that move or cast a model (``net.cuda()``): never a factory, whatever the project
 # defines under the same name.
 _MOVES = frozenset({"cuda", "to", "cpu", "eval", "train", "half", "float", "double", "type"})
@@ -274,8 +286,11 @@ class UnsyncedCudaTiming(Rule):
 
     A backward of CPU tensors is no CUDA work, whatever else the function runs on the GPU: a
     name copied to the GPU under another name (``x_cuda = x.cuda()``: ``x`` stays on the
-    CPU), a factory's tensor made without a device (``torch.randn(n)``), and what is computed
-    from such names alone (``out = layer(x)``, ``torch.exp(-z)``).
+    CPU), a factory's tensor made without a device (``torch.randn(n)``; not in a file that
+    sets a default device), and what torch's functions or a module the function builds
+    compute from such names alone (``out = layer(x)``, ``torch.exp(-z)``; not a helper such as
+    ``to_var(x)``, which may move it). Converting or printing a tensor's metadata
+    (``int(x.shape[0])``, ``print(x.shape)``) in project code is no wait.
 
     A copy before the main work (``model(x.cuda())``) waits only for what came before, so
     it does not silence the interval. Loops are understood: a loop inside the interval that
@@ -419,7 +434,11 @@ class UnsyncedCudaTiming(Rule):
         else no longer holds one; a value passed through a call (a model) is not one."""
         data = self._events().data
         names = [t.id for t in targets if isinstance(t, ast.Name)]
-        if self._data_value(value, data):
+        try:
+            holds = self._data_value(value, data)
+        except RecursionError:  # a sum of hundreds of terms: no legacy loss.data in it
+            holds = False
+        if holds:
             data.update(names)
         elif not augmented:
             data.difference_update(names)
@@ -602,8 +621,9 @@ class UnsyncedCudaTiming(Rule):
                 if name in _WRAPPERS and value.args:
                     value = value.args[0]
                     continue
-                if name not in _MOVES and name in defined:
-                    return True
+                library = (self.ctx.qualname(func) or "").startswith(_LIBRARIES)
+                if name not in _MOVES and name in defined and not library:
+                    return True  # not torch.hub.load, timm.create_model: the project's
                 if isinstance(func, ast.Attribute):
                     value = func.value
                 else:
@@ -759,7 +779,11 @@ class UnsyncedCudaTiming(Rule):
         found = self.ctx.cache.get(key)
         if found is None:
             node = self._scope_nodes.get(scope)
-            found = frozenset(cpu_names(node)) if node is not None else frozenset()
+            source = self.ctx.source
+            # A default device set anywhere (torch.set_default_device("cuda"), a CUDA default
+            # tensor type, ``with torch.device("cuda"):``) puts a factory's tensors there.
+            default = "set_default_" in source or "torch.device(" in source and "with " in source
+            found = frozenset(cpu_names(node)) if node is not None and not default else frozenset()
             self.ctx.cache[key] = found
         return found
 
