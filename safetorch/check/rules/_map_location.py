@@ -38,7 +38,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 from safetorch.check.engine import Context
 from safetorch.check.fixer import parents as parent_map
 from safetorch.check.rules import _load_flow as flow
-from safetorch.check.rules._helpers import call_name, module_files, self_attr
+from safetorch.check.rules._helpers import call_arg, call_name, module_files, self_attr
 from safetorch.check.rules._wrapped import is_main_guard
 
 __all__ = ["RANKS", "cuda_save", "device_saves", "mentions_cuda", "runs_off_cuda"]
@@ -719,10 +719,7 @@ def _save_target(stmt: ast.stmt) -> Optional[str]:
     call = stmt.value if isinstance(stmt, ast.Expr) else None
     if not (isinstance(call, ast.Call) and call_name(call.func) == "save"):
         return None
-    target = call.args[1] if len(call.args) > 1 else None
-    for k in call.keywords:
-        if k.arg == "f":
-            target = k.value
+    target = call_arg(call, 1, "f")
     return target.id if isinstance(target, ast.Name) else None
 
 
@@ -764,10 +761,13 @@ def written_by_this_run(ctx: Context, call: ast.Call) -> bool:
     (``best = self._train(...)`` ... ``torch.load(best)``, ``_train`` ending ``torch.save(
     state, path); return path``): the file was written by this process, from its own
     devices, so it loads back onto devices this process has."""
-    defs: Dict[str, List[ast.AST]] = {}
-    for node in ctx.walk(ctx.tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            defs.setdefault(node.name, []).append(node)
+    defs: Optional[Dict[str, List[ast.AST]]] = ctx.cache.get("ST004-defs-by-name")
+    if defs is None:  # the file's functions by name, once per file
+        defs = {}
+        for node in ctx.walk(ctx.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(node.name, []).append(node)
+        ctx.cache["ST004-defs-by-name"] = defs
     for value in _path_values(ctx, call):
         if not isinstance(value, ast.Call):
             continue

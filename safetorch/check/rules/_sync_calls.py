@@ -144,33 +144,6 @@ def _methods(node: ast.ClassDef) -> Dict[str, ast.AST]:
     return found
 
 
-def _runs_when_called(
-    node: ast.AST, entry: Tuple[str, ...] = ("forward", "__call__")
-) -> List[ast.AST]:
-    """What a call of the definition ``node`` runs: a function's body; a class's ``entry``
-    methods (``forward`` / ``__call__``) and the methods they call on ``self``, and the
-    methods those call, to any depth (a head's ``forward`` calling ``self.get_losses()``
-    calling ``self.get_assignments()``; never ``__init__``)."""
-    if not isinstance(node, ast.ClassDef):
-        return [node]
-    methods = _methods(node)
-    todo = [methods[n] for n in entry if n in methods]
-    seen: Set[int] = set()
-    out: List[ast.AST] = []
-    while todo:  # a work list: methods that call each other in a cycle end
-        method = todo.pop()
-        if id(method) in seen:
-            continue
-        seen.add(id(method))
-        out.append(method)
-        for sub in ast.walk(method):
-            if isinstance(sub, ast.Call):
-                name = self_attr(sub.func)
-                if name is not None and name in methods and name != "__init__":
-                    todo.append(methods[name])
-    return out
-
-
 def model_class(name: str) -> bool:
     """A class name that may be a model's (not a loss's or a criterion's)."""
     lowered = name.lower()
@@ -301,7 +274,15 @@ def _class_facts(
     if any(n in syncing for n in entry):
         found.add(node.name)
     else:
-        parts = _runs_when_called(node)
+        # What a call of the class runs: its entry methods and the methods they reach.
+        runs: Set[str] = set()
+        todo: List[str] = list(entry)
+        while todo:
+            name = todo.pop()
+            if name not in runs:
+                runs.add(name)
+                todo.extend(calls[name])
+        parts = [methods[name] for name in runs]
         reaches.append((node.name, _calls_into(node, parts, attrs)))
     for name, method in methods.items():
         if name.startswith("__") and name != "__call__":
