@@ -15,7 +15,7 @@ import pytest
 from safetorch.check import fix_source, project
 from safetorch.check.config import Settings
 from safetorch.check.engine import Diagnostic
-from safetorch.check.runner import check_paths
+from safetorch.check.runner import check_file, check_paths
 
 # A test that runs fixed code calling torch.load(..., weights_only=True) carries this mark:
 # torch 2.0/2.1's own weights-only unpickler reads TypedStorage.dtype and warns (st.load hides
@@ -54,6 +54,15 @@ def project_findings(
         rel = Path(result.path).relative_to(root).as_posix()
         found[rel] = [d for d in result.diagnostics if d.code == code]
     return found
+
+
+def fixed_text(root: Path, name: str, code: str, settings: Optional[Settings] = None) -> str:
+    """What ``--fix --unsafe-fixes --select code`` makes of the project file ``name`` ("" when
+    nothing is fixed)."""
+    result = check_file(
+        str(root / name), select=[code], fix=True, unsafe_fixes=True, settings=settings
+    )
+    return result.after or ""
 
 
 def fresh_project(

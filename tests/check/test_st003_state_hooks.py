@@ -13,11 +13,16 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from _check_project import TORCH_LOAD_WARNS, fresh_project, write_project
+from _check_project import (
+    TORCH_LOAD_WARNS,
+    fixed_text,
+    fresh_project,
+    project_findings,
+    write_project,
+)
 
 from safetorch.check.config import Settings
 from safetorch.check.engine import Diagnostic
-from safetorch.check.runner import check_file, check_paths
 
 torch = pytest.importorskip("torch")
 
@@ -59,19 +64,11 @@ def _fresh_projects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
 
 def _st003(root: Path, name: str) -> List[Diagnostic]:
-    return [
-        d
-        for r in check_paths([str(root)], ["ST003"], settings=UNSET)
-        if r.path.endswith(name)
-        for d in r.diagnostics
-    ]
+    return project_findings(root, "ST003", UNSET)[name]
 
 
 def _fixed(root: Path, name: str) -> str:
-    result = check_file(
-        str(root / name), select=["ST003"], fix=True, unsafe_fixes=True, settings=UNSET
-    )
-    return result.after or ""
+    return fixed_text(root, name, "ST003", UNSET)
 
 
 def test_a_module_with_a_state_dict_hook_gets_st_load_and_the_fixed_demo_runs(
