@@ -32,6 +32,112 @@ SYNC_NAMES = frozenset({"nms", "batched_nms", "soft_nms"})
 PREDICATES = frozenset({"any", "all", "isnan", "isinf", "isfinite", "equal", "allclose"})
 
 
+# Tensor reductions whose value, compared and tested (``if torch.norm(r) <= tol:``), the host
+# reads: the comparison is a tensor turned into a Python bool.
+_REDUCTIONS = frozenset(
+    {"norm", "sum", "mean", "max", "min", "abs", "amax", "amin", "prod", "std", "var", "dist"}
+)
+# Roots whose reductions are host values already (numpy arrays, Python numbers).
+_HOST_ROOTS = frozenset({"np", "numpy", "math", "statistics", "random"})
+
+
+def compares_reduction(test: ast.AST) -> bool:
+    """``test`` (of an ``if``/``while``/``assert``) compares a tensor reduction: ``torch.norm(r)
+    <= tol``, ``x.abs().max() > eps``; not ``np.abs(a).max() > 1``, not ``max(a, b) > c``.
+
+    >>> compares_reduction(ast.parse("torch.norm(r) <= tol").body[0].value)
+    True
+    >>> compares_reduction(ast.parse("np.abs(a).max() > 1 or len(x) > 2").body[0].value)
+    False
+    """
+    for sub in ast.walk(test):
+        if not isinstance(sub, ast.Compare):
+            continue
+        for side in (sub.left, *sub.comparators):
+            if not (
+                isinstance(side, ast.Call)
+                and isinstance(side.func, ast.Attribute)
+                and side.func.attr in _REDUCTIONS
+            ):
+                continue
+            root: ast.AST = side.func.value
+            while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+                root = root.func if isinstance(root, ast.Call) else root.value
+            if not (isinstance(root, ast.Name) and root.id in _HOST_ROOTS):
+                return True
+    return False
+
+
+def _dotted(node: ast.AST) -> str:
+    """``a.b.C`` for a chain of attributes on a name, else ""."""
+    parts: List[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+class Distributions:
+    """How a file names ``torch.distributions``: the module under its aliases (``import
+    torch.distributions as D``, ``from torch import distributions as pyd``) and the classes it
+    imports from it (``from torch.distributions import Normal``). Building a distribution
+    validates its arguments by default (torch >= 1.8; ``validate_args=False`` or
+    ``Distribution.set_default_validate_args(False)`` turn it off): ``if not valid.all()`` reads
+    a tensor back, so the host waits for the GPU.
+
+    >>> d = Distributions(ast.parse("from torch import distributions as pyd\\n"))
+    >>> [d.builds(ast.parse(s).body[0].value) for s in ("pyd.Normal(m, s)",
+    ...     "pyd.Normal(m, s, validate_args=False)", "pyd.kl_divergence(p, q)")]
+    [True, False, False]
+    """
+
+    def __init__(self, tree: ast.AST) -> None:
+        modules = {"torch.distributions"}
+        classes: Set[str] = set()
+        self.off = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("torch.distributions") and alias.asname:
+                        modules.add(alias.asname)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if not full.startswith("torch.distributions"):
+                        continue
+                    bound = alias.asname or alias.name
+                    (classes if alias.name[:1].isupper() else modules).add(bound)
+            elif isinstance(node, ast.Call) and call_name(node.func) == "set_default_validate_args":
+                self.off = True
+        self.modules = frozenset(modules)
+        self.classes = frozenset(classes)
+
+    def names_class(self, node: ast.AST) -> bool:
+        """``node`` names a distribution class (``D.Normal``, ``Normal`` imported from it)."""
+        dotted = _dotted(node)
+        last = dotted.rsplit(".", 1)[-1]
+        if self.off or not last[:1].isupper():
+            return False
+        if dotted == last:
+            return last in self.classes
+        prefix = dotted[: -len(last) - 1]
+        return any(prefix == m or prefix.startswith(m + ".") for m in self.modules)
+
+    def builds(self, node: ast.AST) -> bool:
+        """``node`` builds a distribution that validates its arguments."""
+        if not isinstance(node, ast.Call) or not self.names_class(node.func):
+            return False
+        return not any(
+            k.arg == "validate_args"
+            and isinstance(k.value, ast.Constant)
+            and k.value.value is False
+            for k in node.keywords
+        )
+
+
 def reads_first(node: ast.Subscript) -> bool:
     """``x[0]`` read (not assigned to)."""
     index = node.slice
@@ -97,15 +203,19 @@ def _metadata(value: ast.AST) -> bool:
     return found
 
 
-def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
+def _body_syncs(node: ast.AST, masks: Set[str], dists: Optional[Distributions] = None) -> bool:
     """Whether the code under ``node`` has something that waits for the GPU (a host copy, a
     synchronize, a data-dependent op, printing or converting a value, a boolean-mask index,
-    Python's ``max``/``min`` of a tensor, a tested tensor predicate): a call of it inside a
-    timed interval may synchronize. ``masks``: names bound to boolean masks (``_masks``)."""
+    Python's ``max``/``min`` of a tensor, a tested tensor predicate or compared reduction, a
+    distribution built with its arguments validated): a call of it inside a timed interval may
+    synchronize. ``masks``: names bound to boolean masks (``_masks``); ``dists``: how the file
+    names ``torch.distributions``."""
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
             func = sub.func
             name = call_name(func)
+            if dists is not None and dists.builds(sub):
+                return True
             if isinstance(func, ast.Attribute) and func.attr in SYNC_METHODS:
                 return True
             if name in SYNC_NAMES or (isinstance(func, ast.Name) and name in SYNC_METHODS):
@@ -125,6 +235,8 @@ def _body_syncs(node: ast.AST, masks: Set[str]) -> bool:
             if isinstance(index, ast.Name) and index.id in masks:
                 return True
         elif isinstance(sub, (ast.If, ast.While, ast.Assert)):
+            if compares_reduction(sub.test):
+                return True
             for part in ast.walk(sub.test):
                 if isinstance(part, ast.Call) and call_name(part.func) in PREDICATES:
                     return True
@@ -225,18 +337,21 @@ def syncing_definitions(
     found: Set[str] = set()
     reaches: List[Tuple[str, FrozenSet[str]]] = []
     defined: Set[str] = set()
+    dists = Distributions(tree)
     for node in tree.body:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         masks = _masks(node)  # of the whole class: a method passes its mask to another
         if not isinstance(node, ast.ClassDef):
             defined.add(node.name)
-            if _body_syncs(node, masks):
+            if _body_syncs(node, masks, dists):
                 found.add(node.name)
             else:
                 reaches.append((node.name, _calls_into(node, [node])))
             continue
-        _class_facts(node, masks, found, reaches, defined)
+        if any(dists.names_class(base) for base in node.bases):
+            found.add(node.name)  # a distribution of the project's: building it validates
+        _class_facts(node, masks, found, reaches, defined, dists)
     return frozenset(found), tuple(reaches), frozenset(defined)
 
 
@@ -246,6 +361,7 @@ def _class_facts(
     found: Set[str],
     reaches: List[Tuple[str, FrozenSet[str]]],
     defined: Set[str],
+    dists: Optional[Distributions] = None,
 ) -> None:
     """Add a class's facts to ``found`` / ``reaches`` / ``defined``, in time linear in its
     methods and their calls of each other: each method's body is read once, and waiting is
@@ -262,7 +378,7 @@ def _class_facts(
                 if callee is not None and callee in methods and callee != "__init__":
                     calls[name].add(callee)
                     callers[callee].add(name)
-    waiting = [name for name, method in methods.items() if _body_syncs(method, masks)]
+    waiting = [name for name, method in methods.items() if _body_syncs(method, masks, dists)]
     syncing: Set[str] = set()
     while waiting:  # back along the calls: whoever calls a method that waits, waits
         name = waiting.pop()

@@ -23,6 +23,8 @@ from safetorch.check.rules._sync_calls import (
     PREDICATES,
     SYNC_METHODS,
     SYNC_NAMES,
+    Distributions,
+    compares_reduction,
     legacy_scalar,
     made_by,
     model_class,
@@ -269,7 +271,10 @@ class UnsyncedCudaTiming(Rule):
     that spelling supports (also in two steps: ``loss = crit(o, t).data`` ...
     ``loss[0]``), ``writer.add_scalar``), an op whose output size depends on the data
     (``nonzero``, ``unique``, non-maximum suppression), a tensor predicate tested by
-    ``if``/``assert``, a barrier, printing or formatting a value (``f"{loss:.3f}"``,
+    ``if``/``assert`` or a tensor reduction compared there (``if torch.norm(r) <= tol:``),
+    building a ``torch.distributions`` distribution (it validates its arguments, reading them
+    back, unless ``validate_args=False`` or the file turns validation off; a project class
+    derived from one too), a barrier, printing or formatting a value (``f"{loss:.3f}"``,
     ``"%.3f" % loss``), a blocking copy to the device (``x.cuda()``, ``x.to(device)``
     without ``non_blocking=True``), a call of a function of the file that does any of these
     anywhere (``validate(...)``, ``self.log_step()``), and a call of the project's own code
@@ -356,6 +361,13 @@ class UnsyncedCudaTiming(Rule):
         if isinstance(node, ast.Call) and self.ctx.qualname(node.func) in _TIMERS:
             return node
         return None
+
+    def _distributions(self) -> Distributions:
+        """How the file names ``torch.distributions`` (read once per file)."""
+        found = self.ctx.cache.get("st006_distributions")
+        if found is None:
+            found = self.ctx.cache["st006_distributions"] = Distributions(self.ctx.tree)
+        return found
 
     def _sync_aliases(self) -> Set[str]:
         """Names the file binds to a synchronize function without calling it
@@ -476,6 +488,9 @@ class UnsyncedCudaTiming(Rule):
     def _tested(self, test: ast.expr) -> None:
         """A tensor predicate tested by ``if``/``while``/``assert`` (``if torch.isnan(loss)
         .any():``) is turned into a Python bool: the host waits for its value."""
+        if compares_reduction(test):  # ``while torch.norm(r) > tol:``
+            self._events().syncs.append(end_of(test))
+            return
         for sub in self.ctx.walk(test):
             if isinstance(sub, ast.Call):
                 func = sub.func
@@ -499,6 +514,10 @@ class UnsyncedCudaTiming(Rule):
             or call_name(func) in SYNC_NAMES
             or (isinstance(func, ast.Name) and func.id in SYNC_METHODS)
         ):
+            events.syncs.append(end_of(node))
+            return
+        if self._distributions().builds(node):
+            # torch.distributions validates the arguments it is built from: the host waits.
             events.syncs.append(end_of(node))
             return
         if _is_blocking_copy(node):
