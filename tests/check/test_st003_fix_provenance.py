@@ -167,3 +167,55 @@ def test_a_helper_that_writes_the_path_it_is_given_still_names_any_file(tmp_path
     )
     (finding,) = _st003(tmp_path, "demo.py")
     assert finding.fix is not None
+
+
+@TORCH_LOAD_WARNS
+@pytest.mark.parametrize(
+    "use", ["torch.load(path).state_dict()", "torch.load(path).to('cpu').eval()"]
+)
+def test_a_module_method_on_the_loaded_object_itself_gets_no_fix(tmp_path: Path, use: str) -> None:
+    # Found at stop 57 (the fourteenth batch): ``torch.load(path).state_dict()`` in a model's
+    # weight-import helper; weights_only=True refused the whole pickled module it reads.
+    write_project(
+        tmp_path,
+        {
+            "net.py": f"""
+                import torch
+
+
+                def import_weights(model, path):
+                    return {use}
+            """
+        },
+    )
+    (finding,) = _st003(tmp_path, "net.py")
+    assert finding.fix is None
+    assert "whole module" in finding.message
+    # Side by side: the file such code reads is a whole module; a full load reads it, both
+    # weights-only loads refuse it, so the fix would have broken the load.
+    import safetorch as st
+
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "whole.pt")
+    assert isinstance(torch.load(tmp_path / "whole.pt", weights_only=False), torch.nn.Module)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / "whole.pt", weights_only=True)
+    with pytest.raises(st.UnsafeCheckpointError, match="Linear"):
+        st.load(tmp_path / "whole.pt")
+
+
+def test_a_module_method_on_a_different_load_keeps_the_fix(tmp_path: Path) -> None:
+    write_project(
+        tmp_path,
+        {
+            "net.py": """
+                import torch
+
+
+                def import_weights(model, path, other):
+                    model.load_state_dict(torch.load(path))
+                    return torch.load(other).state_dict()
+            """
+        },
+    )
+    first, second = sorted(_st003(tmp_path, "net.py"), key=lambda d: d.line)
+    assert first.fix is not None and second.fix is None

@@ -147,6 +147,15 @@ class _Payloads:
         """What the file loaded by ``load`` evidently holds, and the line that shows it."""
         name = self.bindings.get(id(load))
         scope = self.scope_of.get(id(load), self.ctx.tree)
+        for node in self.ctx.walk(self.call_scope.get(id(load), self.ctx.tree)):
+            # ``torch.load(p).state_dict()``, ``torch.load(p).to(device).eval()``: a module's
+            # method called on the loaded object itself.
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in _MODULE_METHODS
+                and _chain_root(node.value) is load
+            ):
+                return "a whole module", node.lineno
         if name is not None:
             for node in self.ctx.walk(scope):
                 if (

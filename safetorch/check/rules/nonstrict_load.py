@@ -558,18 +558,19 @@ class DiscardedNonStrictLoad(Rule):
     Fix (manual): check the returned keys, or use ``st.load_state_dict``, whose
     ``LoadReport`` says what matched and fails when nothing did.
 
-    On the labelled corpus (``benchmarks/check_corpus``): 8 of 8 findings right on the
-    held-out half (the eleventh batch's, labelled once after the rule was frozen); 150 of
-    151 on the development half (with the first ten batches' findings, retired into it).
+    On the labelled corpus (``benchmarks/check_corpus``): 35 of 37 findings right on the
+    held-out half (the eleventh to fourteenth batches', each labelled once after the rule
+    was frozen), below the 97% bar for the default set: a preview rule.
 
     safetorch: ``st.load_state_dict``.
     """
 
     code = "ST012"
 
-    # Default again (issue 33): 8 of 8 on the eleventh batch's held-out half, the seed rules'
-    # held-out set since stop 55, at the commit the rule was frozen (docs/check.md).
-    preview = False
+    # Default again at stop 55 (issue 33): 8 of 8 on the eleventh batch's held-out half;
+    # preview again since stop 57: the fourteenth batch's held-out half (21 right / 2 wrong)
+    # puts it at 94.6% of 37 over its held-out set, below the 97% bar (docs/check.md).
+    preview = True
     name = "discarded-nonstrict-load"
     torch_symbols = ("torch.nn.Module.load_state_dict",)
     node_types = (ast.Expr,)
