@@ -44,6 +44,103 @@ def _built_under_a_test(ctx: Context, scope: ast.AST, name: str) -> bool:
     return False
 
 
+def _root_name(node: ast.AST) -> str:
+    """``model`` for ``model.module.encoder``, else ""."""
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _own_state_names(ctx: Context, scope: ast.AST, root: str) -> Set[str]:
+    """Names ``scope`` binds to a ``state_dict()`` of the model (of anything under its root
+    name: ``model.module.state_dict()`` for a load into ``model``), and names derived from
+    them (``keys = sorted(own.keys())``)."""
+    seeds = {
+        t.id
+        for node in ctx.walk(scope)
+        if isinstance(node, ast.Assign)
+        and any(
+            isinstance(sub, ast.Call)
+            and isinstance(sub.func, ast.Attribute)
+            and sub.func.attr == "state_dict"
+            and _root_name(sub.func.value) == root
+            for sub in ctx.walk(node.value)
+        )
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    if not seeds:
+        return set()
+    names = _derived(ctx, scope, seeds)
+    for loop in ctx.walk(scope):  # for mine, theirs in zip(own_keys, other): ``mine`` too
+        if isinstance(loop, (ast.For, ast.AsyncFor)) and isinstance(loop.target, ast.Tuple):
+            if any(isinstance(n, ast.Name) and n.id in names for n in ctx.walk(loop.iter)):
+                names.update(n.id for n in loop.target.elts if isinstance(n, ast.Name))
+    return names
+
+
+def _built_from_own_keys(ctx: Context, scope: ast.AST, name: str, model: ast.expr) -> bool:
+    """``for k, v in own.items(): name[k] = ...`` where ``own`` is the model's own
+    ``state_dict()``: a dict built key by key from the model's keys, so the load misses none
+    of them (a key the file lacks is filled or fails), whatever the code then discards."""
+    root = _root_name(model)
+    if not root:
+        return False
+    own = _own_state_names(ctx, scope, root)
+    for loop in ctx.walk(scope):
+        if not isinstance(loop, (ast.For, ast.AsyncFor)):
+            continue
+        iterated = {n.id for n in ctx.walk(loop.iter) if isinstance(n, ast.Name)}
+        direct = any(
+            isinstance(sub, ast.Attribute)
+            and sub.attr == "state_dict"
+            and _root_name(sub.value) == root
+            for sub in ctx.walk(loop.iter)
+        )
+        if not (direct or iterated & own):
+            continue
+        target = loop.target.elts[0] if isinstance(loop.target, ast.Tuple) else loop.target
+        if not isinstance(target, ast.Name):
+            continue
+        for node in ctx.walk(loop):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Subscript)
+                and isinstance(t.value, ast.Name)
+                and t.value.id == name
+                and isinstance(t.slice, ast.Name)
+                and t.slice.id == target.id
+                for t in node.targets
+            ):
+                return True
+    return False
+
+
+def _model_keys_asserted(ctx: Context, scope: ast.AST, model: ast.expr) -> bool:
+    """An ``assert`` (or a test that raises) compares the model's own keys with something
+    (``assert key1 == key2`` over ``zip(sorted(model.state_dict()), ckpt_keys)``): the code
+    checks what it loads against the model before it loads it."""
+    root = _root_name(model)
+    own = _own_state_names(ctx, scope, root) if root else set()
+    if not own:
+        return False
+    for node in ctx.walk(scope):
+        test: Optional[ast.AST] = None
+        if isinstance(node, ast.Assert):
+            test = node.test
+        elif isinstance(node, ast.If) and any(isinstance(b, ast.Raise) for b in node.body):
+            test = node.test
+        if test is None:
+            continue
+        for sub in ctx.walk(test):
+            if isinstance(sub, ast.Compare) and any(
+                isinstance(n, ast.Name) and n.id in own
+                for side in (sub.left, *sub.comparators)
+                for n in ctx.walk(side)
+            ):
+                return True
+    return False
+
+
 def _keys_compared(ctx: Context, scope: ast.AST, name: str, model_text: str) -> bool:
     """A statement compares the loaded keys with the model's (``[k for k in
     model.state_dict() if k not in sd]``, ``set(sd) - set(own)``): the code looks at the
@@ -288,6 +385,7 @@ def _filtered_or_own(
     model_text = ctx.segment(model)
     if (
         _built_under_a_test(ctx, scope, name)
+        or _built_from_own_keys(ctx, scope, name, model)
         or (isinstance(model, ast.Name) and _checker_compares(ctx, scope, name, model.id, set()))
         or _keys_compared(ctx, scope, name, model_text)
         or _passed_to_a_key_checker(ctx, scope, name, model_text, load)
@@ -548,7 +646,10 @@ class DiscardedNonStrictLoad(Rule):
     ``intersect_dicts(...)``, a dict built key by key under a test in a loop), it is the
     model's own ``state_dict()`` updated with some entries, the code compares its keys with
     the model's (``k not in model_sd``, ``set(sd) - set(model.state_dict())``; also through
-    names, and after the load, where it prints or tests the difference), itself or in a
+    names, and after the load, where it prints or tests the difference), it is built key by
+    key over the model's own ``state_dict()`` (``for k, v in own.items(): sd[k] = ...``: no
+    key of the model is left out), an ``assert`` (or a test that raises) compares the model's
+    own keys with what is loaded, itself or in a
     function of the same file it passes both to before the load (``check_keys(model,
     sd)`` whose body compares ``sd``'s keys with ``model.state_dict()``'s and asserts, tests,
     raises or prints on the difference), or it logs what it loaded
@@ -597,6 +698,8 @@ class DiscardedNonStrictLoad(Rule):
             return  # precision=, device=: the project's own load_state_dict, not torch's
         if _fallback_after_a_strict_load(self.ctx, call):
             return
+        if _model_keys_asserted(self.ctx, self.ctx.scope, call.func.value):
+            return  # the model's keys checked against what is loaded, before the load
         loaded = (
             call.args[0] if call.args else getattr(find_keyword(call, "state_dict"), "value", None)
         )
