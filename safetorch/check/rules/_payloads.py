@@ -77,11 +77,22 @@ class _Payloads:
                             self._module_names.add(name)
                 elif isinstance(stmt, ast.If):
                     self._note_mapped_branches(stmt)
+        # id(load) -> line: a module's method called on the loaded object itself
+        # (``torch.load(p).state_dict()``, ``torch.load(p).to(device).eval()``; not
+        # ``requires_grad_``, a tensor's method too).
+        self.module_chains: Dict[int, int] = {}
         for node in self.ctx.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in _MODULE_METHODS:
                 name = var_key(node.value)
                 if name is not None:
                     self._module_names.add(name)
+                root = _chain_root(node.value)
+                if (
+                    node.attr != "requires_grad_"
+                    and isinstance(root, ast.Call)
+                    and ctx.qualname(root.func) == "torch.load"
+                ):
+                    self.module_chains.setdefault(id(root), node.lineno)
         # (extent of the body, handle name, path) of each ``with open(path, ...) as handle:``
         self.handles: List[Tuple[Pos, Pos, str, ast.expr]] = []
         for node in self.ctx.walk(tree):
@@ -147,15 +158,8 @@ class _Payloads:
         """What the file loaded by ``load`` evidently holds, and the line that shows it."""
         name = self.bindings.get(id(load))
         scope = self.scope_of.get(id(load), self.ctx.tree)
-        for node in self.ctx.walk(self.call_scope.get(id(load), self.ctx.tree)):
-            # ``torch.load(p).state_dict()``, ``torch.load(p).to(device).eval()``: a module's
-            # method called on the loaded object itself.
-            if (
-                isinstance(node, ast.Attribute)
-                and node.attr in _MODULE_METHODS
-                and _chain_root(node.value) is load
-            ):
-                return "a whole module", node.lineno
+        if id(load) in self.module_chains:
+            return "a whole module", self.module_chains[id(load)]
         if name is not None:
             for node in self.ctx.walk(scope):
                 if (

@@ -38,7 +38,7 @@ _REDUCTIONS = frozenset(
     {"norm", "sum", "mean", "max", "min", "abs", "amax", "amin", "prod", "std", "var", "dist"}
 )
 # Roots whose reductions are host values already (numpy arrays, Python numbers).
-_HOST_ROOTS = frozenset({"np", "numpy", "math", "statistics", "random"})
+_HOST_ROOTS = frozenset({"np", "numpy", "math", "statistics", "random", "pd", "pandas"})
 
 
 def compares_reduction(test: ast.AST) -> bool:
@@ -48,6 +48,8 @@ def compares_reduction(test: ast.AST) -> bool:
     >>> compares_reduction(ast.parse("torch.norm(r) <= tol").body[0].value)
     True
     >>> compares_reduction(ast.parse("np.abs(a).max() > 1 or len(x) > 2").body[0].value)
+    False
+    >>> compares_reduction(ast.parse("torch.tensor(losses).mean() < best").body[0].value)
     False
     """
     for sub in ast.walk(test):
@@ -61,9 +63,11 @@ def compares_reduction(test: ast.AST) -> bool:
             ):
                 continue
             root: ast.AST = side.func.value
+            host = False
             while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+                host |= _host_value(root)  # torch.tensor(losses).mean(): made on the host
                 root = root.func if isinstance(root, ast.Call) else root.value
-            if not (isinstance(root, ast.Name) and root.id in _HOST_ROOTS):
+            if not (host or (isinstance(root, ast.Name) and root.id in _HOST_ROOTS)):
                 return True
     return False
 
@@ -111,31 +115,80 @@ class Distributions:
                     bound = alias.asname or alias.name
                     (classes if alias.name[:1].isupper() else modules).add(bound)
             elif isinstance(node, ast.Call) and call_name(node.func) == "set_default_validate_args":
-                self.off = True
+                # Distribution.set_default_validate_args(False): only a literal False
+                self.off |= bool(node.args) and _false(node.args[0])
+            elif isinstance(node, ast.Assign) and _false(node.value):
+                # Distribution._validate_args = False
+                self.off |= any(
+                    isinstance(t, ast.Attribute) and t.attr == "_validate_args"
+                    for t in node.targets
+                )
         self.modules = frozenset(modules)
         self.classes = frozenset(classes)
 
     def names_class(self, node: ast.AST) -> bool:
-        """``node`` names a distribution class (``D.Normal``, ``Normal`` imported from it)."""
+        """``node`` names a class of ``torch.distributions`` (``D.Normal``, ``Normal``
+        imported from it, ``pyd.transformed_distribution.TransformedDistribution``); not a
+        transform's or a constraint's."""
         dotted = _dotted(node)
         last = dotted.rsplit(".", 1)[-1]
-        if self.off or not last[:1].isupper():
+        if not last[:1].isupper() or last.endswith("Transform"):
             return False
         if dotted == last:
             return last in self.classes
         prefix = dotted[: -len(last) - 1]
+        if "transforms" in prefix.split(".") or "constraints" in prefix.split("."):
+            return False
         return any(prefix == m or prefix.startswith(m + ".") for m in self.modules)
 
-    def builds(self, node: ast.AST) -> bool:
-        """``node`` builds a distribution that validates its arguments."""
-        if not isinstance(node, ast.Call) or not self.names_class(node.func):
-            return False
-        return not any(
-            k.arg == "validate_args"
-            and isinstance(k.value, ast.Constant)
-            and k.value.value is False
-            for k in node.keywords
+    def validates(self, node: ast.AST) -> bool:
+        """``node`` names a distribution class whose constructor checks argument constraints
+        (not one without any: ``Independent``, ``TransformedDistribution``,
+        ``MixtureSameFamily``, the base classes), with validation on in the file."""
+        return (
+            not self.off
+            and self.names_class(node)
+            and _dotted(node).rsplit(".", 1)[-1] not in _NO_ARG_CONSTRAINTS
         )
+
+    def builds(self, node: ast.AST) -> bool:
+        """``node`` builds a distribution that validates arguments that may be on the GPU
+        (not ``Normal(0.0, 0.1)``, not ``validate_args=False``)."""
+        if not isinstance(node, ast.Call) or not self.validates(node.func):
+            return False
+        if any(k.arg == "validate_args" and _false(k.value) for k in node.keywords):
+            return False
+        values = [*node.args, *(k.value for k in node.keywords if k.arg != "validate_args")]
+        return any(not _host_value(v) for v in values)
+
+
+# Distribution classes with no argument constraints to check when built.
+_NO_ARG_CONSTRAINTS = frozenset(
+    {"Distribution", "ExponentialFamily", "Independent", "TransformedDistribution"}
+    | {"MixtureSameFamily"}
+)
+# torch factories whose result is on the CPU unless given a device.
+_HOST_FACTORIES = frozenset({"zeros", "ones", "tensor", "full", "eye", "arange", "as_tensor"})
+
+
+def _false(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is False
+
+
+def _host_value(node: ast.AST) -> bool:
+    """A number (``0.1``, ``-1``) or a torch factory's tensor made without a device
+    (``torch.zeros(4)``): a value on the host, whose validation waits for no GPU work."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float))
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _HOST_FACTORIES
+        and _dotted(node.func.value) == "torch"
+        and not any(k.arg == "device" for k in node.keywords)
+    )
 
 
 def reads_first(node: ast.Subscript) -> bool:
@@ -349,7 +402,14 @@ def syncing_definitions(
             else:
                 reaches.append((node.name, _calls_into(node, [node])))
             continue
-        if any(dists.names_class(base) for base in node.bases):
+        if any(dists.validates(base) for base in node.bases) or (
+            any(dists.names_class(base) for base in node.bases)
+            and any(
+                m.name == "__init__" and _body_syncs(m, masks, dists)
+                for m in node.body
+                if isinstance(m, ast.FunctionDef)
+            )
+        ):
             found.add(node.name)  # a distribution of the project's: building it validates
         _class_facts(node, masks, found, reaches, defined, dists)
     return frozenset(found), tuple(reaches), frozenset(defined)

@@ -272,9 +272,12 @@ class UnsyncedCudaTiming(Rule):
     ``loss[0]``), ``writer.add_scalar``), an op whose output size depends on the data
     (``nonzero``, ``unique``, non-maximum suppression), a tensor predicate tested by
     ``if``/``assert`` or a tensor reduction compared there (``if torch.norm(r) <= tol:``),
-    building a ``torch.distributions`` distribution (it validates its arguments, reading them
-    back, unless ``validate_args=False`` or the file turns validation off; a project class
-    derived from one too), a barrier, printing or formatting a value (``f"{loss:.3f}"``,
+    building a ``torch.distributions`` distribution from values that may be on the GPU (it
+    validates its arguments, reading them back, unless ``validate_args=False`` or the file
+    turns validation off with a literal ``False``; not one without argument constraints,
+    ``Independent``, ``TransformedDistribution``, nor a transform or a constraint; a project
+    class derived from one that validates or whose ``__init__`` builds one too), a barrier,
+    printing or formatting a value (``f"{loss:.3f}"``,
     ``"%.3f" % loss``), a blocking copy to the device (``x.cuda()``, ``x.to(device)``
     without ``non_blocking=True``), a call of a function of the file that does any of these
     anywhere (``validate(...)``, ``self.log_step()``), and a call of the project's own code
