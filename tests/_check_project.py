@@ -79,3 +79,24 @@ def fresh_project(
     project.clear()
     for name in modules:  # what the test imported from its project (monkeypatch restores
         sys.modules.pop(name, None)  # what was there before)
+
+
+def timed_call_lines(root: Path, nets: str, cls: str) -> List[int]:
+    """ST006's lines in a project whose ``bench.py`` times one call of ``cls`` (defined in
+    ``nets.py``, text ``nets``) moved to CUDA, with nothing else in the interval: line 11 is
+    the end reading."""
+    project.clear()
+    (root / "setup.py").write_text("")
+    (root / "nets.py").write_text(nets)
+    (root / "bench.py").write_text(
+        f"import time\nimport torch\nfrom nets import {cls}\n\nnet = {cls}().cuda()\n\n\n"
+        "def bench(x):\n    t0 = time.time()\n    y = net(x)\n    return time.time() - t0\n"
+    )
+    found = [
+        d.line
+        for r in check_paths([str(root)], ["ST006"])
+        if r.path.endswith("bench.py")
+        for d in r.diagnostics
+    ]
+    project.clear()
+    return found

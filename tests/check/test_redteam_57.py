@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from _check_project import timed_call_lines
 
-from safetorch.check import check_source, project
-from safetorch.check.runner import check_paths
+from safetorch.check import check_source
 
 _HEAD = """\
 import time
@@ -105,27 +105,11 @@ class Plain(torch.nn.Module):
 """
 
 
-def _project(tmp_path: Path, cls: str) -> List[int]:
-    project.clear()
-    (tmp_path / "setup.py").write_text("")
-    (tmp_path / "nets.py").write_text(_NETS)
-    (tmp_path / "bench.py").write_text(
-        f"import time\nimport torch\nfrom nets import {cls}\n\nnet = {cls}().cuda()\n\n\n"
-        "def bench(x):\n    t0 = time.time()\n    y = net(x)\n    return time.time() - t0\n"
-    )
-    found = [
-        d.line
-        for r in check_paths([str(tmp_path)], ["ST006"])
-        if r.path.endswith("bench.py")
-        for d in r.diagnostics
-    ]
-    project.clear()
-    return found
-
-
 def test_a_project_distribution_waits_by_what_its_init_builds(tmp_path: Path) -> None:
-    assert _project(tmp_path, "Actor") == []  # its __init__ builds a validated Normal
-    assert _project(tmp_path, "Plain") == [11]  # a transform validates nothing
+    assert (
+        timed_call_lines(tmp_path, _NETS, "Actor") == []
+    )  # its __init__ builds a validated Normal
+    assert timed_call_lines(tmp_path, _NETS, "Plain") == [11]  # a transform validates nothing
 
 
 def test_requires_grad_on_the_loaded_object_is_no_whole_module() -> None:

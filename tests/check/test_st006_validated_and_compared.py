@@ -14,10 +14,10 @@ from typing import List
 
 import pytest
 import torch
+from _check_project import timed_call_lines
 
-from safetorch.check import check_source, project
+from safetorch.check import check_source
 from safetorch.check.rules._sync_calls import Distributions, compares_reduction, syncing_definitions
-from safetorch.check.runner import check_paths
 
 _HEAD = """\
 import time
@@ -158,33 +158,13 @@ class Actor(torch.nn.Module):
 """
 
 
-def _project_lines(tmp_path: Path, cls: str) -> List[int]:
-    project.clear()
-    (tmp_path / "setup.py").write_text("")
-    (tmp_path / "nets.py").write_text(_NETS)
-    (tmp_path / "bench.py").write_text(
-        "import time\nimport torch\n"
-        f"from nets import {cls}\n\n"
-        f"net = {cls}().cuda()\n\n\n"
-        "def bench(x):\n    t0 = time.time()\n    y = net(x)\n    return time.time() - t0\n"
-    )
-    found = [
-        d.line
-        for r in check_paths([str(tmp_path)], ["ST006"])
-        if r.path.endswith("bench.py")
-        for d in r.diagnostics
-    ]
-    project.clear()
-    return found
-
-
 def test_project_code_that_waits_this_way_quiets_the_interval(tmp_path: Path) -> None:
     found, _reaches, _defined = syncing_definitions(ast.parse(_NETS), "nets.py")
     assert {"solve", "Tanh"} <= found  # the classes calling them wait once the project is joined
     assert not {"scale", "Solver", "Scaler", "Actor"} & found
-    assert _project_lines(tmp_path, "Solver") == []
-    assert _project_lines(tmp_path, "Actor") == []
-    assert _project_lines(tmp_path, "Scaler") == [11]  # the look-alike stays reported
+    assert timed_call_lines(tmp_path, _NETS, "Solver") == []
+    assert timed_call_lines(tmp_path, _NETS, "Actor") == []
+    assert timed_call_lines(tmp_path, _NETS, "Scaler") == [11]  # the look-alike stays reported
 
 
 def test_the_helpers_on_their_own() -> None:
