@@ -241,12 +241,13 @@ SEED_RETIRED_ROWS = 276
 # of the eleventh to thirteenth, retired at stop 57 before the thirteenth's reasons were read).
 ELEVENTH_AND_TWELFTH = (277, 345)  # their rows in corpus.tsv, 1-based, inclusive
 ELEVENTH_TO_THIRTEENTH = (277, 379)
-ELEVENTH_TO_FOURTEENTH = (277, 407)  # ST012's, retired at stop 57 before their reasons were read
+# ST012's, retired at stop 57 before their reasons were read (rows 277-407, then to 435).
+ELEVENTH_TO_FIFTEENTH = (277, 435)
 SEED_READ: Dict[str, FrozenSet[str]] = {"ST005": frozenset({"yl4579/StyleTTS2"})}
 SEED_READ_ROWS = {
     "ST004": ELEVENTH_AND_TWELFTH,
     "ST006": ELEVENTH_TO_THIRTEENTH,
-    "ST012": ELEVENTH_TO_FOURTEENTH,
+    "ST012": ELEVENTH_TO_FIFTEENTH,
 }
 
 

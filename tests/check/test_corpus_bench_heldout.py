@@ -53,14 +53,14 @@ def test_command_line_flag_is_documented_for_labellers(bench, capsys):
 
 def test_seed_rules_findings_on_retired_rows_count_as_development(bench):
     # Stop 55: the seed rules' findings on rows 1-276 were retired into development; their
-    # held-out set is the held-out rows after them (for ST012 since stop 57: after row 407,
-    # its eleventh- to fourteenth-batch findings retired too). Other rules keep their half.
-    repos = [{"repo": f"owner/r{i}", "directory": f"r{i}"} for i in range(450)]
+    # held-out set is the held-out rows after them (for ST012 since stop 57: after row 435,
+    # its eleventh- to fifteenth-batch findings retired too). Other rules keep their half.
+    repos = [{"repo": f"owner/r{i}", "directory": f"r{i}"} for i in range(480)]
     for i, r in enumerate(repos):
         r["half"] = "dev" if i < bench.FIRST_TWELVE else bench.split_half(r["repo"])
     half_of = bench.halves(repos)
-    late = next(r["directory"] for r in repos[407:] if r["half"] == "held-out")
-    retired = next(r["directory"] for r in repos[276:407] if r["half"] == "held-out")
+    late = next(r["directory"] for r in repos[435:] if r["half"] == "held-out")
+    retired = next(r["directory"] for r in repos[276:435] if r["half"] == "held-out")
     early = next(r["directory"] for r in repos[12:276] if r["half"] == "held-out")
     found = [
         (f"{early}/a.py", 1, "ST012"),
