@@ -111,3 +111,52 @@ def test_a_dict_filled_from_the_models_keys_misses_none_in_torch(tmp_path) -> No
     saved = torch.load(path, weights_only=True)["model"]
     silent = torch.nn.Linear(2, 2).load_state_dict(saved, strict=False)
     assert silent.missing_keys == ["bias"] and silent.unexpected_keys == ["extra"]
+
+
+GUARDED = """
+    import torch
+
+    def restore(net, path, log):
+        loaded = torch.load(path)["net"]
+        own = net.state_dict()
+        kept = {}
+        for k, v in loaded.items():
+            if k not in own or v.shape != own[k].shape:
+                log("skip " + k)
+                continue
+            kept[k] = v
+        net.load_state_dict(kept, strict=False)
+"""
+
+# The look-alike: the guard skips keys by their own name, never looking at the model's.
+GUARDED_BY_NAME = GUARDED.replace(
+    "if k not in own or v.shape != own[k].shape:", "if k.startswith('fc.'):"
+)
+
+TWIN = """
+    import numpy as np
+    import torch
+
+    meta = np.load("keypoints.npz", allow_pickle=True)["meta"].item()
+    joints = meta["num_joints"]
+    train_model = torch.nn.Linear(joints, joints)
+    eval_model = torch.nn.Linear(joints, joints)
+    eval_model.load_state_dict(train_model.state_dict(), strict=False)
+"""
+
+# The look-alike: the module whose state dict is copied was itself read from a file.
+TWIN_FROM_A_FILE = TWIN.replace(
+    "train_model = torch.nn.Linear(joints, joints)", 'train_model = torch.load("whole.pt")'
+)
+
+
+@pytest.mark.parametrize("source", [GUARDED, TWIN], ids=["guarded", "twin"])
+def test_guarded_by_the_models_keys_or_a_live_twin_is_quiet(source: str) -> None:
+    assert _lines(source) == []
+
+
+@pytest.mark.parametrize(
+    "source", [GUARDED_BY_NAME, TWIN_FROM_A_FILE], ids=["guarded-by-name", "twin-from-a-file"]
+)
+def test_their_look_alikes_stay_reported(source: str) -> None:
+    assert len(_lines(source)) == 1

@@ -4,7 +4,7 @@ reported where the state dict comes from a file and nothing looks at the keys it
 from __future__ import annotations
 
 import ast
-from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 from safetorch.check.engine import Context
 from safetorch.check.rules._base import Rule
@@ -13,9 +13,12 @@ from safetorch.check.rules._helpers import call_name, find_keyword, is_const, ow
 _LOG_METHODS = frozenset({"info", "warning", "warn", "debug", "error", "log", "write", "print"})
 
 
-def _built_under_a_test(ctx: Context, scope: ast.AST, name: str) -> bool:
-    """``name[k'] = v`` inside an ``if`` in a loop: a dict built key by key from the keys
-    the code chose (``if key.startswith(prefix): sd[key[len(prefix):]] = v``). Not a key
+def _built_under_a_test(
+    ctx: Context, scope: ast.AST, name: str, own: FrozenSet[str] = frozenset()
+) -> bool:
+    """``name[k'] = v`` inside an ``if`` in a loop (or after an ``if k not in own: continue``
+    there, ``own`` one of the names in ``own``): a dict built key by key from the keys the
+    code chose (``if key.startswith(prefix): sd[key[len(prefix):]] = v``). Not a key
     renamed in place (``for k in list(sd): if k.startswith(p): sd[k[len(p):]] = sd.pop(k)``,
     the loop over the dict it writes, the value read from it): every key stays."""
 
@@ -26,9 +29,16 @@ def _built_under_a_test(ctx: Context, scope: ast.AST, name: str) -> bool:
         if not isinstance(loop, (ast.For, ast.AsyncFor)):
             continue
         in_place = mentions(loop.iter)
-        for test in ctx.walk(loop):
-            if not isinstance(test, ast.If):
-                continue
+        # ``if k not in own: continue``, ``own`` the model's state dict (``own``: names
+        # bound to it), guards the rest of the body as a filter against the model's keys
+        guarded = any(
+            isinstance(stmt, ast.If)
+            and any(isinstance(n, ast.Continue) for n in stmt.body)
+            and any(isinstance(n, ast.Name) and n.id in own for n in ctx.walk(stmt.test))
+            for stmt in loop.body
+        )
+        tests = [loop] if guarded else [t for t in ctx.walk(loop) if isinstance(t, ast.If)]
+        for test in tests:
             for node in ctx.walk(test):
                 if (
                     isinstance(node, ast.Assign)
@@ -383,8 +393,10 @@ def _filtered_or_own(
     print/log call).
     """
     model_text = ctx.segment(model)
+    root = _root_name(model)
+    own = frozenset(_own_state_names(ctx, scope, root)) if root else frozenset()
     if (
-        _built_under_a_test(ctx, scope, name)
+        _built_under_a_test(ctx, scope, name, own)
         or _built_from_own_keys(ctx, scope, name, model)
         or (isinstance(model, ast.Name) and _checker_compares(ctx, scope, name, model.id, set()))
         or _keys_compared(ctx, scope, name, model_text)
@@ -492,17 +504,23 @@ def _traces(
     seen: Set[int] = set()
     names: Set[str] = set()
     todo: List[Optional[ast.AST]] = [expr]
+    modules: Set[int] = set()  # nodes reached as the module whose state_dict() is taken
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
+        module = id(node) in modules
         if isinstance(node, ast.Call):
             if source(ctx, node, model_text):
                 return True
             func = node.func
+            if module and call_name(func).rsplit(".", 1)[-1][:1].isupper():
+                continue  # Net(depth=n, ...).state_dict(): its own weights, not its arguments
             if isinstance(func, ast.Attribute) and (receivers or func.attr in _DICT_VIEWS):
                 todo.append(func.value)
+                if module or func.attr in _MODULE_STATE:
+                    modules.add(id(func.value))
             todo.extend(node.args)
             todo.extend(k.value for k in node.keywords)
         elif isinstance(node, (ast.Subscript, ast.Starred)):
@@ -519,7 +537,10 @@ def _traces(
             todo.extend(node.elts)
         elif isinstance(node, ast.Name) and node.id not in names:
             names.add(node.id)
-            todo.extend(_values_bound(ctx, scope, node.id))
+            bound = _values_bound(ctx, scope, node.id)
+            if module:
+                modules.update(id(v) for v in bound)
+            todo.extend(bound)
     return False
 
 
@@ -634,7 +655,9 @@ class DiscardedNonStrictLoad(Rule):
     restore(model, sd)``: nothing shows where it came from). Quiet where a live model made
     it and no file did: another model's ``state_dict()`` (a training model's weights into
     its deploy twin), a call given the loading module itself (its own buffers,
-    all-reduced), a dict built key by key from the model's own keys; quiet where it is not
+    all-reduced), a dict built key by key from the model's own keys, the state dict of a
+    model built in memory (``twin.state_dict()``, whatever its constructor was given); quiet
+    where it is not
     torch's ``load_state_dict`` (another framework's loader such as ``megengine.load``, a
     keyword torch's method does not take: ``precision=``, ``device=``), and for the
     fallback of a strict load of the same state dict into the same module, in the
@@ -643,7 +666,8 @@ class DiscardedNonStrictLoad(Rule):
 
     Quiet when the result is used, and when the code already handles mismatches: the state
     dict was filtered against the model (a dict comprehension with ``if``,
-    ``intersect_dicts(...)``, a dict built key by key under a test in a loop), it is the
+    ``intersect_dicts(...)``, a dict built key by key under a test in a loop, or after an
+    ``if k not in own: continue`` against the model's own state dict), it is the
     model's own ``state_dict()`` updated with some entries, the code compares its keys with
     the model's (``k not in model_sd``, ``set(sd) - set(model.state_dict())``; also through
     names, and after the load, where it prints or tests the difference), it is built key by
