@@ -126,30 +126,34 @@ class Distributions:
         self.modules = frozenset(modules)
         self.classes = frozenset(classes)
 
-    def names_class(self, node: ast.AST) -> bool:
-        """``node`` names a class of ``torch.distributions`` (``D.Normal``, ``Normal``
-        imported from it, ``pyd.transformed_distribution.TransformedDistribution``); not a
-        transform's or a constraint's."""
+    def _class_name(self, node: ast.AST) -> str:
+        """The class ``node`` names in ``torch.distributions`` (``Normal`` for ``D.Normal``,
+        for ``Normal`` imported from it, ``TransformedDistribution`` for
+        ``pyd.transformed_distribution.TransformedDistribution``), "" for anything else (a
+        transform, a constraint, another module's name)."""
         dotted = _dotted(node)
         last = dotted.rsplit(".", 1)[-1]
         if not last[:1].isupper() or last.endswith("Transform"):
-            return False
+            return ""
         if dotted == last:
-            return last in self.classes
+            return last if last in self.classes else ""
         prefix = dotted[: -len(last) - 1]
         if "transforms" in prefix.split(".") or "constraints" in prefix.split("."):
-            return False
-        return any(prefix == m or prefix.startswith(m + ".") for m in self.modules)
+            return ""
+        ours = any(prefix == m or prefix.startswith(m + ".") for m in self.modules)
+        return last if ours else ""
+
+    def names_class(self, node: ast.AST) -> bool:
+        """``node`` names a class of ``torch.distributions``; not a transform's or a
+        constraint's."""
+        return bool(self._class_name(node))
 
     def validates(self, node: ast.AST) -> bool:
         """``node`` names a distribution class whose constructor checks argument constraints
         (not one without any: ``Independent``, ``TransformedDistribution``,
         ``MixtureSameFamily``, the base classes), with validation on in the file."""
-        return (
-            not self.off
-            and self.names_class(node)
-            and _dotted(node).rsplit(".", 1)[-1] not in _NO_ARG_CONSTRAINTS
-        )
+        name = "" if self.off else self._class_name(node)
+        return bool(name) and name not in _NO_ARG_CONSTRAINTS
 
     def builds(self, node: ast.AST) -> bool:
         """``node`` builds a distribution that validates arguments that may be on the GPU
@@ -402,15 +406,6 @@ def syncing_definitions(
             else:
                 reaches.append((node.name, _calls_into(node, [node])))
             continue
-        if any(dists.validates(base) for base in node.bases) or (
-            any(dists.names_class(base) for base in node.bases)
-            and any(
-                m.name == "__init__" and _body_syncs(m, masks, dists)
-                for m in node.body
-                if isinstance(m, ast.FunctionDef)
-            )
-        ):
-            found.add(node.name)  # a distribution of the project's: building it validates
         _class_facts(node, masks, found, reaches, defined, dists)
     return frozenset(found), tuple(reaches), frozenset(defined)
 
@@ -438,7 +433,13 @@ def _class_facts(
                 if callee is not None and callee in methods and callee != "__init__":
                     calls[name].add(callee)
                     callers[callee].add(name)
-    waiting = [name for name, method in methods.items() if _body_syncs(method, masks, dists)]
+    direct = {name for name, method in methods.items() if _body_syncs(method, masks, dists)}
+    if dists is not None and (
+        any(dists.validates(base) for base in node.bases)
+        or (any(dists.names_class(base) for base in node.bases) and "__init__" in direct)
+    ):
+        found.add(node.name)  # a distribution of the project's: building it validates
+    waiting = list(direct)
     syncing: Set[str] = set()
     while waiting:  # back along the calls: whoever calls a method that waits, waits
         name = waiting.pop()

@@ -89,14 +89,15 @@ def _own_state_names(ctx: Context, scope: ast.AST, root: str) -> Set[str]:
     return names
 
 
-def _built_from_own_keys(ctx: Context, scope: ast.AST, name: str, model: ast.expr) -> bool:
+def _built_from_own_keys(
+    ctx: Context, scope: ast.AST, name: str, root: str, own: FrozenSet[str]
+) -> bool:
     """``for k, v in own.items(): name[k] = ...`` where ``own`` is the model's own
-    ``state_dict()``: a dict built key by key from the model's keys, so the load misses none
-    of them (a key the file lacks is filled or fails), whatever the code then discards."""
-    root = _root_name(model)
+    ``state_dict()`` (``root``: the model's root name; ``own``: :func:`_own_state_names`): a
+    dict built key by key from the model's keys, so the load misses none of them (a key the
+    file lacks is filled or fails), whatever the code then discards."""
     if not root:
         return False
-    own = _own_state_names(ctx, scope, root)
     for loop in ctx.walk(scope):
         if not isinstance(loop, (ast.For, ast.AsyncFor)):
             continue
@@ -125,12 +126,11 @@ def _built_from_own_keys(ctx: Context, scope: ast.AST, name: str, model: ast.exp
     return False
 
 
-def _model_keys_asserted(ctx: Context, scope: ast.AST, model: ast.expr) -> bool:
-    """An ``assert`` (or a test that raises) compares the model's own keys with something
-    (``assert key1 == key2`` over ``zip(sorted(model.state_dict()), ckpt_keys)``): the code
-    checks what it loads against the model before it loads it."""
-    root = _root_name(model)
-    own = _own_state_names(ctx, scope, root) if root else set()
+def _model_keys_asserted(ctx: Context, scope: ast.AST, own: FrozenSet[str]) -> bool:
+    """An ``assert`` (or a test that raises) compares the model's own keys (``own``:
+    :func:`_own_state_names`) with something (``assert key1 == key2`` over
+    ``zip(sorted(model.state_dict()), ckpt_keys)``): the code checks what it loads against
+    the model before it loads it."""
     if not own:
         return False
     for node in ctx.walk(scope):
@@ -383,21 +383,25 @@ def _holds_model_state(ctx: Context, scope: ast.AST, names: Set[str], model_text
 
 
 def _filtered_or_own(
-    ctx: Context, scope: ast.AST, name: str, model: ast.expr, load: ast.Call
+    ctx: Context,
+    scope: ast.AST,
+    name: str,
+    model: ast.expr,
+    load: ast.Call,
+    own: FrozenSet[str],
 ) -> bool:
     """Whether ``name`` in ``scope`` holds a state_dict whose mismatches the code handles.
 
     It was built by filtering (a dict comprehension with ``if``, a call such as
     ``intersect_dicts(...)`` or ``filter_...``), it starts as the model's own
     ``state_dict()`` (then updated), or the code reports on it (``len(name)`` or the name in a
-    print/log call).
+    print/log call). ``own``: the names bound to the model's own state dict
+    (:func:`_own_state_names`).
     """
     model_text = ctx.segment(model)
-    root = _root_name(model)
-    own = frozenset(_own_state_names(ctx, scope, root)) if root else frozenset()
     if (
         _built_under_a_test(ctx, scope, name, own)
-        or _built_from_own_keys(ctx, scope, name, model)
+        or _built_from_own_keys(ctx, scope, name, _root_name(model), own)
         or (isinstance(model, ast.Name) and _checker_compares(ctx, scope, name, model.id, set()))
         or _keys_compared(ctx, scope, name, model_text)
         or _passed_to_a_key_checker(ctx, scope, name, model_text, load)
@@ -722,19 +726,21 @@ class DiscardedNonStrictLoad(Rule):
             return  # precision=, device=: the project's own load_state_dict, not torch's
         if _fallback_after_a_strict_load(self.ctx, call):
             return
-        if _model_keys_asserted(self.ctx, self.ctx.scope, call.func.value):
+        root = _root_name(call.func.value)
+        scope = self.ctx.scope
+        own = frozenset(_own_state_names(self.ctx, scope, root)) if root else frozenset()
+        if _model_keys_asserted(self.ctx, scope, own):
             return  # the model's keys checked against what is loaded, before the load
         loaded = (
             call.args[0] if call.args else getattr(find_keyword(call, "state_dict"), "value", None)
         )
         if isinstance(loaded, ast.Name) and _filtered_or_own(
-            self.ctx, self.ctx.scope, loaded.id, call.func.value, call
+            self.ctx, scope, loaded.id, call.func.value, call, own
         ):
             return
         if isinstance(loaded, ast.DictComp) and any(g.ifs for g in loaded.generators):
             return
         model_text = self.ctx.segment(call.func.value)
-        scope = self.ctx.scope
         if _traces(
             self.ctx, scope, loaded, _is_made_in_memory, model_text, receivers=False
         ) and not _traces(self.ctx, scope, loaded, _is_file_loader, model_text, receivers=True):
