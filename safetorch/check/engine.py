@@ -43,6 +43,7 @@ __all__ = [
     "Positioned",
     "Rule",
     "analyze",
+    "dotted_name",
     "end_position",
     "parse_codes",
     "split_lines",
@@ -138,6 +139,31 @@ def canonical(qualname: str) -> str:
         if len(parts) >= 5:  # torch.nn.modules.<file>.<Name>[.attr]
             qualname = ".".join(["torch", "nn", *parts[4:]])
     return _CANONICAL.get(qualname, qualname)
+
+
+def dotted_name(
+    node: ast.AST, imports: Dict[str, str], local: Optional[str] = None
+) -> Optional[str]:
+    """``a.b.c`` with ``a`` replaced by what ``imports`` binds it to; a name no import binds
+    gives None, or ``local`` + the name when ``local`` is given.
+
+    >>> dotted_name(ast.parse("nn.Module", mode="eval").body, {"nn": "torch.nn"})
+    'torch.nn.Module'
+    >>> dotted_name(ast.parse("Net", mode="eval").body, {}, local="local:")
+    'local:Net'
+    """
+    parts: List[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    base = imports.get(node.id)
+    if base is None:
+        if local is None:
+            return None
+        base = local + node.id
+    return ".".join([base, *reversed(parts)])
 
 
 @dataclass(frozen=True)
@@ -430,19 +456,8 @@ class Context:
         return name
 
     def _resolve(self, node: ast.AST) -> Optional[str]:
-        parts: List[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
-            return None
-        base = self.imports.get(node.id)
-        if base is None:
-            return None
-        if parts:
-            parts.reverse()
-            return canonical(base + "." + ".".join(parts))
-        return canonical(base)
+        name = dotted_name(node, self.imports)
+        return None if name is None else canonical(name)
 
     def spell(self, qualname: str) -> Optional[str]:
         """The shortest expression that names ``qualname`` with the file's imports, or None.

@@ -22,7 +22,13 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, end_position
 from safetorch.check.fixer import import_edit, parents
 from safetorch.check.rules import _load_flow as flow
-from safetorch.check.rules._helpers import call_arg, find_keyword, has_double_star, has_star
+from safetorch.check.rules import _receivers as receivers
+from safetorch.check.rules._helpers import (
+    call_arg,
+    find_keyword,
+    has_double_star,
+    has_star,
+)
 
 __all__ = [
     "NUMPY_ALLOW",
@@ -440,7 +446,20 @@ def state_dict_takes_objects(tree: ast.Module, path: str) -> Optional[Tuple[int,
     >>> state_dict_takes_objects(ast.parse("from torch2trt import TRTModule"), "m.py")
     (1, 'the project imports torch2trt, whose modules keep objects in their state dicts')
     """
-    found: List[Tuple[int, str]] = []
+    found = takes_objects(tree, path)
+    return min((line, what) for line, what, _cls in found) if found else None
+
+
+def takes_objects(tree: ast.Module, path: str) -> List[Tuple[int, str, Optional[str]]]:
+    """Every (line, what, class) of :func:`state_dict_takes_objects` in the file; ``class``
+    names the class whose own ``load_state_dict`` it is (None for anything else: a
+    ``_load_from_state_dict`` or ``set_extra_state`` runs for a submodule of any module that
+    loads, a hook or an import for any module).
+
+    >>> takes_objects(ast.parse("class E:\\n    def load_state_dict(self, sd): pass"), "m.py")
+    [(2, 'a class of the project defines its own load_state_dict', 'E')]
+    """
+    found: List[Tuple[int, str, Optional[str]]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for item in ast.walk(node):  # also under an ``if`` of the class body, or async
@@ -448,11 +467,29 @@ def state_dict_takes_objects(tree: ast.Module, path: str) -> Optional[Tuple[int,
                     isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                     and item.name in _OWN_STATE_METHODS
                 ):
-                    found.append(
-                        (item.lineno, f"a class of the project defines its own {item.name}")
-                    )
+                    own = node.name if item.name == "load_state_dict" else None
+                    what = f"a class of the project defines its own {item.name}"
+                    found.append((item.lineno, what, own))
+        elif (
+            isinstance(node, (ast.Name, ast.Attribute))
+            and isinstance(node.ctx, ast.Store)
+            and (node.id if isinstance(node, ast.Name) else node.attr) in _OWN_STATE_METHODS
+        ) or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in _OWN_STATE_METHODS
+        ):
+            # ``load_state_dict = other``, ``Net.load_state_dict = f``, ``setattr(...)``: not
+            # a ``def`` of one class, so it may be any module's
+            what = "the project assigns a state-loading method (" + ast.unparse(node)[:40] + ")"
+            found.append((node.lineno, what, None))
         elif isinstance(node, ast.Attribute) and node.attr in _STATE_HOOKS:
-            found.append((node.lineno, f"the project registers a state-dict hook ({node.attr})"))
+            found.append(
+                (node.lineno, f"the project registers a state-dict hook ({node.attr})", None)
+            )
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names = (
                 [a.name for a in node.names]
@@ -461,14 +498,12 @@ def state_dict_takes_objects(tree: ast.Module, path: str) -> Optional[Tuple[int,
             )
             for name in names:
                 if name.split(".")[0] in _OBJECT_STATE_PACKAGES and not getattr(node, "level", 0):
-                    found.append(
-                        (
-                            node.lineno,
-                            f"the project imports {name.split('.')[0]}, whose modules keep objects "
-                            "in their state dicts",
-                        )
+                    what = (
+                        f"the project imports {name.split('.')[0]}, whose modules keep objects "
+                        "in their state dicts"
                     )
-    return min(found) if found else None
+                    found.append((node.lineno, what, None))
+    return sorted(found, key=lambda t: (t[0], t[1]))
 
 
 def _protocol(call: ast.Call) -> Optional[ast.expr]:
@@ -521,15 +556,20 @@ def _names_save(node: ast.expr) -> bool:
     )
 
 
-def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optional[Tuple[str, bool]]:
+def older_unpickler(
+    ctx: Context, load: ast.Call, loaders: Optional[Sequence[ast.Call]]
+) -> Optional[Tuple[str, bool]]:
     """Why ``weights_only=True`` on ``load`` may refuse a file the project's flow shows holds
     only plain data, and whether ``st.load`` (weights-only too) reads it: the project writes
     torch files with its own pickler, a save of that path passes a pickle protocol other than
     2, or the file may hold data an older torch's weights-only unpickler lacks (anything but
-    a strict module state dict: ``tensors_only``; a class of the project with its own
-    ``load_state_dict``, a state-dict hook or an import of torch2trt makes no load
-    ``tensors_only``: :func:`state_dict_takes_objects`; ``st.load`` reads what a module's
-    own state keeps, not what a class's own ``load_state_dict`` may take: any object). None where
+    a strict module state dict, whose ``loaders``, the strict ``load_state_dict`` calls it
+    goes into, are given; a class of the project with its own ``load_state_dict`` (unless
+    every loader's module is built from a class that neither has nor inherits one: nn.Module's
+    own load takes only tensors, and calls no submodule's ``load_state_dict``), a
+    ``_load_from_state_dict``, a state-dict hook or an import of torch2trt makes no load
+    tensors-only: :func:`state_dict_takes_objects`; ``st.load`` reads what a module's own
+    state keeps, not what a class's own ``load_state_dict`` may take: any object). None where
     ``weights_only=True`` reads it on every torch the finding concerns (before 2.6)."""
     for path, line in sorted(ctx.project_facts("ST003-own-pickler", own_pickler).items()):
         if line is not None:
@@ -546,11 +586,17 @@ def older_unpickler(ctx: Context, load: ast.Call, tensors_only: bool) -> Optiona
         found = protocols.get(save.path, {}).get(save.line)
         if found is not None:
             return _protocol_reason(save.path, save.line, found)
-    if tensors_only:
-        own = ctx.project_facts("ST003-state-dict-takes-objects", state_dict_takes_objects)
-        takes = sorted((p, n) for p, n in own.items() if n is not None)
+    if loaders is not None:
+        own = ctx.project_facts("ST003-takes-objects", takes_objects)
+        takes = sorted((p, found[0][:2]) for p, found in own.items() if found)
         if not takes:
             return None
+        named = [cls for found in own.values() for _l, _w, cls in found]
+        if all(named):
+            owners = frozenset(c for c in named if c)
+            # Only classes' own load_state_dict: it runs for a module of that class alone.
+            if receivers.receiver_classes(ctx, loaders, owners) is not None:
+                return None
         # A class's own load_state_dict anywhere decides (no fix); else the first thing found.
         where = next((t for t in takes if t[1][1].endswith("its own load_state_dict")), takes[0])
         path, (line, what) = where

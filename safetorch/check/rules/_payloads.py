@@ -4,6 +4,7 @@ ST003 and ST004 reason about): whole modules, numpy data, plain state dicts."""
 from __future__ import annotations
 
 import ast
+import bisect
 from typing import Dict, List, Optional, Set, Tuple
 
 from safetorch.check.engine import Context
@@ -49,6 +50,9 @@ class _Payloads:
         self.ctx = ctx
         self.saves: List[Tuple[ast.Call, Optional[str]]] = []  # (save call, what it holds)
         self.bindings: Dict[int, str] = {}  # id(load call) -> name its result is bound to
+        self.bound_by: Dict[int, ast.stmt] = {}  # id(load call) -> the assignment binding it
+        self._blocks: Optional[Dict[int, Tuple[List[ast.stmt], int]]] = None
+        self._rebinds: Dict[int, Dict[str, List[int]]] = {}
         self.scope_of: Dict[int, ast.AST] = {}
         self.loads_in_else: Set[int] = set()  # loads in a branch whose sibling maps
         self.call_scope: Dict[int, ast.AST] = {}  # id(call) -> innermost function (or module)
@@ -70,6 +74,7 @@ class _Payloads:
                         qual = ctx.qualname(root.func) or ""
                         if qual == "torch.load":
                             self.bindings[id(root)] = name
+                            self.bound_by[id(root)] = stmt
                             self.scope_of[id(root)] = scope
                         elif qual.startswith(("numpy.", "np.")):
                             self._numpy_names.add(name)
@@ -161,7 +166,12 @@ class _Payloads:
         if id(load) in self.module_chains:
             return "a whole module", self.module_chains[id(load)]
         if name is not None:
+            rebound = self._rebinding(load, name)
             for node in self.ctx.walk(scope):
+                if not isinstance(node, (ast.Attribute, ast.Call)):
+                    continue
+                if rebound is not None and _after(node, rebound):
+                    continue  # the name holds something else there
                 if (
                     isinstance(node, ast.Attribute)
                     and var_key(node.value) == name
@@ -194,6 +204,41 @@ class _Payloads:
             held, save = candidates[0]
             if held is not None:
                 return held, save.lineno
+        return None
+
+    def _rebinding(self, load: ast.Call, name: str) -> Optional[ast.stmt]:
+        """The first later statement of the load's own block that binds ``name`` anew
+        (``model = torch.load(p)`` ... ``model = Net.from_pretrained(model["args"])``), or
+        None: what the name is used for after it says nothing of the file. Not one that
+        keeps what it held, whole or a part of it (``model = nn.DataParallel(model)``,
+        ``ckpt = ckpt["model"].float()``: still the file's)."""
+        stmt = self.bound_by.get(id(load))
+        if stmt is None:
+            return None
+        if self._blocks is None:
+            self._blocks = {}
+            for node in self.ctx.walk(self.ctx.tree):
+                for field in ("body", "orelse", "finalbody"):
+                    block = getattr(node, field, None)
+                    if isinstance(block, list):
+                        for i, item in enumerate(block):
+                            self._blocks[id(item)] = (block, i)
+        if id(stmt) not in self._blocks:
+            return None
+        block, index = self._blocks[id(stmt)]
+        if id(block) not in self._rebinds:  # name -> the indices of the block binding it
+            binds: Dict[str, List[int]] = {}
+            for i, later in enumerate(block):
+                for target in _targets(later):
+                    key = var_key(target)
+                    if key is not None:
+                        binds.setdefault(key, []).append(i)
+            self._rebinds[id(block)] = binds
+        found = self._rebinds[id(block)].get(name, [])
+        for i in found[bisect.bisect_right(found, index) :]:
+            value = getattr(block[i], "value", None)
+            if not (_part_of(value, name) or _passed_whole(value, name)):
+                return block[i]
         return None
 
     def _same_file(self, path: Optional[ast.expr], save: ast.Call) -> bool:
@@ -273,6 +318,50 @@ class _Payloads:
                 ):
                     return True
         return False
+
+
+def _part_of(value: Optional[ast.expr], name: str) -> bool:
+    """``value`` is ``name`` or a part of it, moved or converted (``(ckpt.get("ema") or
+    ckpt["model"]).to(device)``); not a call that is only given it (``Net(ckpt["args"])``)."""
+    todo: List[ast.AST] = [] if value is None else [value]
+    while todo:
+        node = todo.pop()
+        if var_key(node) == name:
+            return True
+        if isinstance(node, ast.Call):
+            todo.append(node.func)
+        elif isinstance(node, (ast.Attribute, ast.Subscript)):
+            todo.append(node.value)
+        elif isinstance(node, ast.BoolOp):
+            todo.extend(node.values)
+        elif isinstance(node, ast.IfExp):
+            todo.extend((node.body, node.orelse))
+    return False
+
+
+def _targets(stmt: ast.stmt) -> List[ast.expr]:
+    if isinstance(stmt, ast.Assign):
+        return stmt.targets
+    if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        return [stmt.target]
+    return []
+
+
+def _passed_whole(value: Optional[ast.expr], name: str) -> bool:
+    """``value`` reads ``name`` itself, not only a part of it (``nn.DataParallel(model)``;
+    not ``Net(ckpt["args"])``)."""
+    if value is None:
+        return False
+    parts = {id(n.value) for n in ast.walk(value) if isinstance(n, (ast.Subscript, ast.Attribute))}
+    return any(var_key(n) == name and id(n) not in parts for n in ast.walk(value))
+
+
+def _after(node: ast.AST, stmt: ast.stmt) -> bool:
+    """``node`` runs after ``stmt`` binds its targets: from ``stmt`` on, but not its value."""
+    if not isinstance(node, (ast.expr, ast.stmt)) or start_of(node) < start_of(stmt):
+        return False
+    value = getattr(stmt, "value", None)
+    return value is None or not start_of(value) <= start_of(node) <= end_of(value)
 
 
 def _opened(node: ast.expr) -> ast.expr:

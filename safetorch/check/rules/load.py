@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 import posixpath
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from safetorch.check.engine import UNSAFE, Context, Edit, Fix, Positioned
 from safetorch.check.fixer import import_edit
@@ -367,13 +367,19 @@ def _strict_state_dict_use(ctx: Context, call: ast.Call) -> bool:
     (``model.load_state_dict(torch.load(p))``) or through a name used for nothing else. A
     strict module load raises on any value that is not a tensor, so the file that loaded
     holds only what a weights-only load accepts."""
+    return _strict_loaders(ctx, call) is not None
+
+
+def _strict_loaders(ctx: Context, call: ast.Call) -> Optional[List[ast.Call]]:
+    """The strict ``module.load_state_dict(...)`` calls the loaded object goes into (see
+    :func:`_strict_state_dict_use`), or None where it goes anywhere else too."""
     uses = _state_dict_uses(ctx)
     if id(call) in uses:
-        return True
+        return [uses[id(call)]]
     found = payloads(ctx)
     name = found.bindings.get(id(call))
     if name is None or "." in name:
-        return False
+        return None
     scope = found.scope_of.get(id(call), ctx.tree)
     reads = [
         n
@@ -386,14 +392,17 @@ def _strict_state_dict_use(ctx: Context, call: ast.Call) -> bool:
     stores = [
         n for n in ctx.walk(scope) if isinstance(n, ast.Name) and n.id == name and n not in reads
     ]
-    return bool(reads) and len(stores) == 1 and all(id(n) in uses for n in reads)
+    if reads and len(stores) == 1 and all(id(n) in uses for n in reads):
+        return [uses[id(n)] for n in reads]
+    return None
 
 
-def _state_dict_uses(ctx: Context) -> Set[int]:
-    """ids of the expressions passed as the state dict of a strict module ``load_state_dict``."""
+def _state_dict_uses(ctx: Context) -> Dict[int, ast.Call]:
+    """id of each expression passed as the state dict of a strict module ``load_state_dict``
+    -> that call."""
     cached = ctx.cache.get("ST003-state-dict-uses")
     if cached is None:
-        cached = ctx.cache["ST003-state-dict-uses"] = set()
+        cached = ctx.cache["ST003-state-dict-uses"] = {}
         for node in ctx.walk(ctx.tree):
             if not (
                 isinstance(node, ast.Call)
@@ -411,7 +420,7 @@ def _state_dict_uses(ctx: Context) -> Set[int]:
                 continue
             arg = call_arg(node, 0, "state_dict")
             if arg is not None:
-                cached.add(id(arg))
+                cached[id(arg)] = node
     return cached
 
 
@@ -598,7 +607,7 @@ class LoadWithoutWeightsOnly(Rule):
         older = (
             None
             if blocker is not None
-            else _load_fix.older_unpickler(self.ctx, node, _strict_state_dict_use(self.ctx, node))
+            else _load_fix.older_unpickler(self.ctx, node, _strict_loaders(self.ctx, node))
         )
         edit = (
             None
