@@ -100,7 +100,8 @@ def test_preview_rules_run_only_when_named(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(runner, "_SELECTED", {})  # selections are cached per process
     src = (
         "import torch\n"
-        "torch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'a.pt')\n"
+        "def train():\n"
+        "    torch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'a.pt')\n"
         "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
         "sd = torch.load('a.pt')\n"
     )

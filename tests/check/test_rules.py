@@ -289,7 +289,7 @@ def test_explain_prints_the_docstring(code: str) -> None:
 
 def test_select_and_ignore_by_prefix() -> None:
     src = (
-        "import torch\ntorch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'a')\n"
+        "import torch\ndef train():\n    torch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'a')\n"
         "device = 'cpu'\ntorch.load('a')\nx = net(a)\nx.detach().zero_()\nx.sum().backward()\n"
     )
     assert codes(src) == ["ST003"]  # ST004, ST005 are preview (below 97%, issue 33)
@@ -389,7 +389,7 @@ def test_check_file_restores_the_gc_state(tmp_path: Path, enabled: bool) -> None
 
     path = tmp_path / "m.py"
     path.write_text(
-        "import torch\ntorch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'a')\n"
+        "import torch\ndef train():\n    torch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'a')\n"
         "device = 'cpu'\ntorch.load('a')\n"
     )
     was = gc.isenabled()

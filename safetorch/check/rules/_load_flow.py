@@ -695,12 +695,49 @@ def _on_cpu(value: ast.AST, save: ast.Call, file: "_File", depth: int = 0) -> bo
         if values and all(isinstance(v, ast.expr) for v in values):
             if all(_on_cpu(v, save, file, depth + 1) for v in values):
                 return True
+        if _moved_per_key(value.id, scope, save):
+            return True
     return file.device_free() and not weights_only_value(value, file).params
+
+
+def _moved_per_key(name: str, scope: ast.AST, save: ast.Call) -> bool:
+    """``for k in sd: sd[k] = sd[k].to(torch.device("cpu"))`` (or ``.cpu()``) before the
+    save of ``sd`` in its scope: every value moved to the host, key by key."""
+    for loop in ast.walk(scope):
+        if not (isinstance(loop, ast.For) and loop.lineno < save.lineno):
+            continue
+        for stmt in loop.body:
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Subscript)
+                and isinstance(stmt.targets[0].value, ast.Name)
+                and stmt.targets[0].value.id == name
+                and isinstance(stmt.value, ast.Call)
+                and isinstance(stmt.value.func, ast.Attribute)
+                and (
+                    stmt.value.func.attr == "cpu"
+                    or (stmt.value.func.attr == "to" and _to_cpu(stmt.value))
+                )
+            ):
+                return True
+    return False
 
 
 def _names_cpu(call: ast.Call) -> bool:
     return any(_literal(a) == "cpu" for a in call.args) or any(
         _literal(k.value) == "cpu" for k in call.keywords
+    )
+
+
+def _to_cpu(call: ast.Call) -> bool:
+    """``x.to("cpu")`` or ``x.to(torch.device("cpu"))``."""
+    return _names_cpu(call) or any(
+        isinstance(a, ast.Call)
+        and isinstance(a.func, (ast.Attribute, ast.Name))
+        and (a.func.attr if isinstance(a.func, ast.Attribute) else a.func.id) == "device"
+        and _names_cpu(a)
+        for a in call.args
     )
 
 

@@ -137,6 +137,8 @@ def device_saves(tree: ast.Module, path: str) -> FrozenSet[int]:
 
 # Calls whose result is a module's tensors.
 _MODULE_TENSORS = ("state_dict", "parameters", "named_parameters", "cuda")
+# Objects whose state_dict() holds numbers, not tensors (LR schedulers, GradScaler).
+_NO_TENSORS = ("sched", "scaler")
 
 
 def _holds_module_tensors(
@@ -145,7 +147,18 @@ def _holds_module_tensors(
     """``value`` is or contains a module's tensors: a ``state_dict()`` (or ``parameters()``,
     a ``.cuda()`` value), a name the file moves to a device, or a name the file binds to one
     of those (``state = {"model": net.state_dict()}``, two levels)."""
+    numbers = {
+        id(n)
+        for sub in ast.walk(value)
+        if isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Attribute)
+        and sub.func.attr == "state_dict"
+        and any(w in ast.unparse(sub.func.value).lower().split(".")[-1] for w in _NO_TENSORS)
+        for n in ast.walk(sub)
+    }  # a scheduler's or a grad scaler's state: numbers, no tensors
     for sub in ast.walk(value):
+        if id(sub) in numbers:
+            continue
         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
             if sub.func.attr in _MODULE_TENSORS:
                 return True
@@ -196,6 +209,10 @@ def cuda_save(ctx: Context, call: ast.Call) -> Optional[flow.Save]:
     if same:
         found = same  # the save of the very path it loads (a cache: load if it exists)
     named_load = shape.exact is not None or bool(shape.suffix.strip("./"))
+    base = _file_name(ctx, call, shape)
+    if base is not None:
+        # The load names its file: only a save that names the same file writes it.
+        found = [s for s in found if _names(s.shape, base)]
     for save in sorted(found, key=lambda s: (s.path != here, s.path, s.line)):
         if save.cpu or not cuda_files.get(save.path):
             continue
@@ -209,6 +226,42 @@ def cuda_save(ctx: Context, call: ast.Call) -> Optional[flow.Save]:
         if named_save:
             return save  # a file of this name is written from CUDA
     return None
+
+
+def _file_name(ctx: Context, call: ast.Call, shape: flow.Shape) -> Optional[str]:
+    """The file name the load reads, where its path names one: the last part of its known
+    end (``f"{base}/en_default_se.pth"``), or a literal file name given to the call that
+    builds the path (``get_model_path("autoregressive.pth", models_dir)``); None for a
+    pattern (``f"{epoch}.pth"``: only an extension known)."""
+    tail = (shape.exact or shape.suffix).rsplit("/", 1)[-1]
+    if tail and "." in tail and tail.split(".", 1)[0]:
+        return tail
+    path = call.args[0] if call.args else None
+    if isinstance(path, ast.Call) and not shape.suffix:
+        for arg in path.args:
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                name = arg.value.rsplit("/", 1)[-1]
+                if "." in name and name.split(".", 1)[0] and name.rsplit(".", 1)[-1] in _EXTS:
+                    return name
+    return None
+
+
+# Extensions of torch files (what a literal file name given to a path helper ends with).
+_EXTS = frozenset({"pt", "pth", "bin", "ckpt", "tar", "pkl", "model", "weights"})
+
+
+def _names(save: flow.Shape, base: str) -> bool:
+    """A save of this shape may write a file named ``base``: its literal end names it
+    (``os.path.join(d, "best.pth")``), or its end is wholly unknown (a helper's ``path``
+    parameter); not a pattern whose literal end is only an extension (``f"{epoch}.pth"``:
+    files of the project's own naming, not the one the load names)."""
+    if save.exact is not None:
+        return save.exact.rsplit("/", 1)[-1] == base
+    tail = save.suffix.rsplit("/", 1)[-1]
+    head = "" if "/" in save.suffix else save.prefix.rsplit("/", 1)[-1]
+    if head or (tail and "." in tail and tail.split(".", 1)[0]):
+        return base.startswith(head) and base.endswith(tail)  # f"out/decoder_{i}.pth"
+    return not save.suffix.strip("./")
 
 
 # Names of the object a script's options live on (``args.cuda``, ``opt.device``).
@@ -558,13 +611,14 @@ def runs_off_cuda(ctx: Context, call: Optional[ast.Call] = None) -> Optional[Tup
     tested (``model.cuda()``, ``DEVICE = "cuda"``). Several processes: the
     script starts or joins them (``init_process_group``, DDP, ``local_rank``,
     ``mp.spawn``), and the load is not kept to one of them (``if rank == 0:``). A file this
-    run wrote and returned (:func:`written_by_this_run`) voids the CPU path, not the ranks:
-    every rank still loads it onto the device it was saved from."""
+    run wrote and returned (:func:`written_by_this_run`), or that the same function saved
+    just before (:func:`saved_before`), voids the CPU path, not the ranks: every rank still
+    loads it onto the device it was saved from."""
     cpu, ranks = _evidence(ctx)
     if call is not None:
         if cpu is not None and cuda_only_around(ctx, call) is not None:
             cpu = None
-        if cpu is not None and written_by_this_run(ctx, call):
+        if cpu is not None and (written_by_this_run(ctx, call) or saved_before(ctx, call)):
             cpu = None  # this run's file, from its own devices: no CPU-only reload of it
         if ranks is not None and (main_process_only(ctx, call) or per_rank_file(ctx, call)):
             ranks = None
@@ -777,6 +831,24 @@ def written_by_this_run(ctx: Context, call: ast.Call) -> bool:
         if found and all(_saved_and_returned(fn) for fn in found):
             return True
     return False
+
+
+def saved_before(ctx: Context, call: ast.Call) -> bool:
+    """The function around the load saved this very path (the same text) before it: a
+    script that trains, saves its best model, then tests it (``torch.save(model, f)`` in
+    the epoch loop, ``model = torch.load(f)`` after it). This run wrote the file, from its
+    own devices; a load before the save (a resume) reads a file of an earlier run."""
+    shape = flow.load_shape(ctx, call)
+    if shape is None:
+        return False
+    here = ctx.project.relpath(ctx.path)
+    function = getattr(flow.file_of(ctx).scope_of(call), "name", "")
+    same = [
+        s
+        for s in flow.candidates(ctx, call)
+        if s.path == here and s.shape.text == shape.text and s.function == function
+    ]
+    return bool(same) and all(s.line < call.lineno for s in same)
 
 
 def per_rank_file(ctx: Context, call: ast.Call) -> bool:
