@@ -193,3 +193,33 @@ def test_a_file_saved_just_before_still_counts_for_several_processes(tmp_path: P
             model.load_state_dict(torch.load("ddp.pt"))
     """
     assert _lines(tmp_path, {"run.py": script}, "run.py") == [17]
+
+
+def test_st024_leaves_an_optimizer_load_alone(tmp_path: Path) -> None:
+    # Found at stop 58 (the seventeenth batch): ST024's fix turned
+    # ``optimizer.load_state_dict(torch.load(p))`` into ``st.load_state_dict(optimizer, p)``,
+    # which takes modules only (TypeError on every file). An optimizer's state has no
+    # InstanceNorm keys: no finding, no fix.
+    from safetorch.check import check_source
+
+    source = (
+        "import torch\n"
+        "net = torch.nn.InstanceNorm2d(3)\n"
+        "opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+        "net.load_state_dict(torch.load('net.pth'))\n"
+        "opt.load_state_dict(torch.load('opt.pth'))\n"
+        "optimizer_center = opt\n"
+        "optimizer_center.load_state_dict(torch.load('oc.pth'))\n"
+    )
+    found = check_source(source, str(tmp_path / "train.py"), select=["ST024"])
+    assert [d.line for d in found] == [4]
+    import safetorch as st
+
+    opt = torch_optimizer()
+    with pytest.raises(TypeError, match="Module"):
+        st.load_state_dict(opt, str(tmp_path / "missing.pth"))
+
+
+def torch_optimizer():  # the object the broken fix passed to st.load_state_dict
+    torch = pytest.importorskip("torch")
+    return torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)

@@ -30,6 +30,7 @@ __all__ = [
     "literal_bool",
     "min_torch",
     "module_files",
+    "not_a_module",
     "own_expressions",
     "own_nodes",
     "rename_call",
@@ -174,6 +175,22 @@ def start_of(node: Positioned) -> Pos:
 
 #: (line, UTF-8 byte column) just past the end of a node (``engine.end_position``).
 end_of = end_position
+
+
+# Words in the name of a ``load_state_dict`` receiver that say it is no module.
+_NOT_MODULES = ("optim", "sched", "scaler", "opt")
+
+
+def not_a_module(receiver: str) -> bool:
+    """The receiver of a ``load_state_dict`` call (its source text) names an optimizer, a
+    scheduler or a grad scaler, not a module: ``optimizer``, ``self.lr_scheduler``,
+    ``scaler``, ``opt_g``.
+
+    >>> not_a_module("self.optimizer_center"), not_a_module("model.module")
+    (True, False)
+    """
+    last = receiver.lower().split(".")[-1]
+    return any(word in last for word in _NOT_MODULES)
 
 
 def var_key(node: ast.AST) -> Optional[str]:

@@ -12,7 +12,13 @@ from safetorch.check.engine import UNSAFE, Fix
 from safetorch.check.fixer import import_edit, parents
 from safetorch.check.rules import _load_flow as flow
 from safetorch.check.rules._base import Rule
-from safetorch.check.rules._helpers import call_arg, find_keyword, has_double_star, has_star
+from safetorch.check.rules._helpers import (
+    call_arg,
+    find_keyword,
+    has_double_star,
+    has_star,
+    not_a_module,
+)
 
 __all__ = ["LegacyStateDictKeys"]
 
@@ -75,6 +81,8 @@ class LegacyStateDictKeys(Rule):
         func = node.func
         if not (isinstance(func, ast.Attribute) and func.attr == "load_state_dict"):
             return
+        if not_a_module(self.ctx.segment(func.value)):
+            return  # an optimizer's or a scheduler's state: no module keys, no module to load
         if len(node.args) != 1 or has_star(node) or has_double_star(node):
             return
         strict = find_keyword(node, "strict")

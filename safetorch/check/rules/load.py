@@ -23,6 +23,7 @@ from safetorch.check.rules._helpers import (
     has_star,
     is_const,
     min_torch,
+    not_a_module,
     self_attr,
     start_of,
 )
@@ -359,7 +360,6 @@ def _downloaded(ctx: Context, call: ast.Call) -> bool:
 
 
 # A receiver of ``load_state_dict`` that is not a module (it accepts any values).
-_NOT_MODULES = ("optim", "sched", "scaler", "opt")
 
 
 def _strict_state_dict_use(ctx: Context, call: ast.Call) -> bool:
@@ -410,8 +410,7 @@ def _state_dict_uses(ctx: Context) -> Dict[int, ast.Call]:
                 and node.func.attr == "load_state_dict"
             ):
                 continue
-            receiver = ctx.segment(node.func.value).lower().split(".")[-1]
-            if any(word in receiver for word in _NOT_MODULES):
+            if not_a_module(ctx.segment(node.func.value)):
                 continue
             strict = find_keyword(node, "strict")
             if strict is not None and not is_const(strict.value, True):
