@@ -290,6 +290,19 @@ HOSTILE = {
         "import sys\nfor name in ['Vocoder']:\n    setattr(sys.modules[__name__], name, SpeakerNet)\n",
         "from nets import Vocoder\nm = Vocoder()\n",
     ),
+    "class-patched-from-another-module": (
+        "",
+        "import nets\nnets.Vocoder = nets.SpeakerNet\nfrom nets import Vocoder\nm = Vocoder()\n",
+    ),
+    "own-cuda-returning-another-module": (
+        "",
+        "from nets import SpeakerNet\n\nclass Wrapper(torch.nn.Module):\n"
+        "    def cuda(self):\n        return SpeakerNet()\n\nm = Wrapper().cuda()\n",
+    ),
+    "method-imported-into-a-class": (
+        "",
+        "class Mine(torch.nn.Module):\n    from nets import load_state_dict\n\nm = Mine()\n",
+    ),
     "import-fallback-under-the-name": (
         "",
         "try:\n    from fastnets import Vocoder\nexcept ImportError:\n"
@@ -321,8 +334,17 @@ def test_a_module_that_may_take_objects_keeps_the_fix_withheld(tmp_path: Path, c
         "        self.net.load_state_dict(torch.load('v.pt'))\n\n"
         "class Spk(Base):\n    def __init__(self):\n        super().__init__()\n"
         "        self.net = SpeakerNet()\n",
+        "m = Vocoder()\n\nclass Holder:\n    m = SpeakerNet()\n    " + _LOAD,
+        "def build(Vocoder):\n    m = Vocoder()\n    " + _LOAD + "\nbuild(SpeakerNet)\n",
     ],
-    ids=["match-capture", "nonlocal", "lambda-parameter", "template-method"],
+    ids=[
+        "match-capture",
+        "nonlocal",
+        "lambda-parameter",
+        "template-method",
+        "class-body",
+        "parameter-named-like-the-class",
+    ],
 )
 def test_a_receiver_bound_where_the_checker_cannot_follow_gets_no_fix(
     tmp_path: Path, body: str

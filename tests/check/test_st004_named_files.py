@@ -223,3 +223,30 @@ def test_st024_leaves_an_optimizer_load_alone(tmp_path: Path) -> None:
 def torch_optimizer():  # the object the broken fix passed to st.load_state_dict
     torch = pytest.importorskip("torch")
     return torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(
+    ("train", "load"),
+    [
+        (  # an upscaler is a module, not a grad scaler
+            "upscaler = torch.nn.Linear(2, 2).cuda()\ntorch.save(upscaler.state_dict(), 'up.pt')\n",
+            "torch.load('up.pt')",
+        ),
+        (  # a loop over another dict moves none of the model's tensors
+            "sd = torch.nn.Linear(2, 2).cuda().state_dict()\nextra = {'a': torch.zeros(1)}\n"
+            "for k in extra:\n    sd[k] = extra[k].cpu()\ntorch.save(sd, 'sd.pt')\n",
+            "torch.load('sd.pt')",
+        ),
+        (  # f"{name}_model.pth" may be gen_model.pth: the known end is part of a name
+            "torch.save(torch.nn.Linear(2, 2).cuda().state_dict(), 'gen_model.pth')\n",
+            "torch.load(f'{name}_model.pth')",
+        ),
+    ],
+    ids=["upscaler", "another-dict", "partial-name"],
+)
+def test_look_alikes_of_the_quiet_cases_stay_reported(
+    tmp_path: Path, train: str, load: str
+) -> None:
+    demo = "import torch, sys\n" + CPU_FALLBACK + "name = sys.argv[1]\n" + f"state = {load}\n"
+    files = {"train.py": "import torch\n" + train, "demo.py": demo}
+    assert _lines(tmp_path, files, "demo.py") == [4]

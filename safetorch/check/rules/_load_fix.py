@@ -462,6 +462,12 @@ def takes_objects(tree: ast.Module, path: str) -> List[Tuple[int, str, Optional[
     found: List[Tuple[int, str, Optional[str]]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
+            for stmt in node.body:  # ``from helpers import load_state_dict``: a method too
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)) and any(
+                    (a.asname or a.name).split(".")[-1] in _OWN_STATE_METHODS for a in stmt.names
+                ):
+                    what = "a class of the project imports a state-loading method"
+                    found.append((stmt.lineno, what, None))
             for item in ast.walk(node):  # also under an ``if`` of the class body, or async
                 if (
                     isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))

@@ -704,17 +704,22 @@ def _moved_per_key(name: str, scope: ast.AST, save: ast.Call) -> bool:
     """``for k in sd: sd[k] = sd[k].to(torch.device("cpu"))`` (or ``.cpu()``) before the
     save of ``sd`` in its scope: every value moved to the host, key by key."""
     for loop in ast.walk(scope):
-        if not (isinstance(loop, ast.For) and loop.lineno < save.lineno):
+        if not (
+            isinstance(loop, ast.For)
+            and loop.lineno < save.lineno
+            and isinstance(loop.target, ast.Name)
+            and _iterates_keys(loop.iter, name)
+        ):
             continue
+        key = loop.target.id
         for stmt in loop.body:
             if (
                 isinstance(stmt, ast.Assign)
                 and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Subscript)
-                and isinstance(stmt.targets[0].value, ast.Name)
-                and stmt.targets[0].value.id == name
+                and _item(stmt.targets[0], name, key)
                 and isinstance(stmt.value, ast.Call)
                 and isinstance(stmt.value.func, ast.Attribute)
+                and _item(stmt.value.func.value, name, key)
                 and (
                     stmt.value.func.attr == "cpu"
                     or (stmt.value.func.attr == "to" and _to_cpu(stmt.value))
@@ -722,6 +727,26 @@ def _moved_per_key(name: str, scope: ast.AST, save: ast.Call) -> bool:
             ):
                 return True
     return False
+
+
+def _iterates_keys(it: ast.expr, name: str) -> bool:
+    """``sd``, ``sd.keys()``, ``list(sd)``, ``list(sd.keys())``: the keys of ``name``."""
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "list":
+        it = it.args[0] if len(it.args) == 1 else it
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "keys":
+        it = it.func.value
+    return isinstance(it, ast.Name) and it.id == name
+
+
+def _item(node: ast.expr, name: str, key: str) -> bool:
+    """``sd[k]``: the item of ``name`` at the loop's key."""
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == name
+        and isinstance(node.slice, ast.Name)
+        and node.slice.id == key
+    )
 
 
 def _names_cpu(call: ast.Call) -> bool:

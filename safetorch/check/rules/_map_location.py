@@ -137,8 +137,14 @@ def device_saves(tree: ast.Module, path: str) -> FrozenSet[int]:
 
 # Calls whose result is a module's tensors.
 _MODULE_TENSORS = ("state_dict", "parameters", "named_parameters", "cuda")
-# Objects whose state_dict() holds numbers, not tensors (LR schedulers, GradScaler).
-_NO_TENSORS = ("sched", "scaler")
+
+
+def _numbers_only(owner: str) -> bool:
+    """``scheduler``, ``lr_scheduler``, ``grad_scaler``: an object whose ``state_dict()``
+    holds numbers, not tensors (an LR scheduler, a GradScaler); by whole words of its name,
+    not ``upscaler``."""
+    words = owner.lower().split(".")[-1].split("_")
+    return any(w.startswith("sched") or w.endswith("scheduler") or w == "scaler" for w in words)
 
 
 def _holds_module_tensors(
@@ -153,7 +159,7 @@ def _holds_module_tensors(
         if isinstance(sub, ast.Call)
         and isinstance(sub.func, ast.Attribute)
         and sub.func.attr == "state_dict"
-        and any(w in ast.unparse(sub.func.value).lower().split(".")[-1] for w in _NO_TENSORS)
+        and _numbers_only(ast.unparse(sub.func.value))
         for n in ast.walk(sub)
     }  # a scheduler's or a grad scaler's state: numbers, no tensors
     for sub in ast.walk(value):
@@ -233,7 +239,8 @@ def _file_name(ctx: Context, call: ast.Call, shape: flow.Shape) -> Optional[str]
     end (``f"{base}/en_default_se.pth"``), or a literal file name given to the call that
     builds the path (``get_model_path("autoregressive.pth", models_dir)``); None for a
     pattern (``f"{epoch}.pth"``: only an extension known)."""
-    tail = (shape.exact or shape.suffix).rsplit("/", 1)[-1]
+    whole = shape.exact is not None or "/" in shape.suffix  # a part after a "/" is a name
+    tail = (shape.exact or shape.suffix).rsplit("/", 1)[-1] if whole else ""
     if tail and "." in tail and tail.split(".", 1)[0]:
         return tail
     path = call.args[0] if call.args else None

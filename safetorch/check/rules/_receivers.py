@@ -21,13 +21,13 @@ Proof, by name across the project:
 from __future__ import annotations
 
 import ast
-from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from safetorch.check.engine import Context, dotted_name
-from safetorch.check.rules._helpers import FUNCTION_DEFS, var_key
+from safetorch.check.rules._helpers import FUNCTION_DEFS, end_of, own_nodes, start_of, var_key
 from safetorch.check.rules._payloads import payloads
 
-__all__ = ["file_classes", "in_scope", "receiver_classes"]
+__all__ = ["file_classes", "receiver_classes"]
 
 # Module methods that return the module itself: ``Net().to(device).eval()`` is a ``Net``.
 _RETURNS_SELF = frozenset(
@@ -40,18 +40,6 @@ _DYNAMIC = "<setattr>"  # the project sets attributes by computed names: no clas
 # One file's classes: name -> the resolved bases of each definition ("torch.nn.X", a class
 # name of the project, or "?"); and the names the file binds otherwise.
 FileClasses = Tuple[Dict[str, List[Tuple[str, ...]]], FrozenSet[str]]
-
-
-def in_scope(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of one function (or the module), not inside the functions and classes it
-    defines (those are yielded, their bodies not: a name bound there is another variable)."""
-    todo = list(reversed(list(ast.iter_child_nodes(scope))))
-    while todo:
-        node = todo.pop()
-        yield node
-        if isinstance(node, (*FUNCTION_DEFS, ast.ClassDef)):
-            continue
-        todo.extend(reversed(list(ast.iter_child_nodes(node))))
 
 
 def _captured(node: ast.AST) -> List[str]:
@@ -106,8 +94,14 @@ def file_classes(tree: ast.Module, path: str) -> FileClasses:
     other: Set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
-            # A metaclass or a decorator may give the class anything: unknown.
-            bases = [_UNKNOWN] if node.keywords or node.decorator_list else []
+            # A metaclass or a decorator may give the class anything, and a class of its own
+            # ``to``/``cuda``/... may return another module: unknown.
+            own = {
+                item.name
+                for item in node.body
+                if isinstance(item, (*FUNCTION_DEFS,)) and item.name in _RETURNS_SELF
+            }
+            bases = [_UNKNOWN] if node.keywords or node.decorator_list or own else []
             for base in node.bases:
                 dotted = dotted_name(base, imports, local="local:")
                 if dotted is None:
@@ -126,6 +120,14 @@ def file_classes(tree: ast.Module, path: str) -> FileClasses:
             classes.setdefault(node.name, []).append(tuple(bases))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             other.add(node.id)
+        elif isinstance(node, ast.arg):
+            other.add(node.arg)  # def build(Vocoder): ... Vocoder() is whatever is passed
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and var_key(node) is None
+        ):
+            other.add(node.attr)  # nets.Vocoder = nets.SpeakerNet (not self.x)
         elif isinstance(node, (*FUNCTION_DEFS,)):
             other.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -185,7 +187,7 @@ class _Scope:
         self.values: Dict[str, List[ast.expr]] = {}
         self.other: Set[str] = set()
         simple: Set[int] = set()
-        nodes = list(in_scope(scope))
+        nodes = list(own_nodes(scope))
         for node in nodes:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -268,7 +270,13 @@ def receiver_classes(
             for lam in lambdas
         ):
             return None
-        bindings = _scope(ctx, payloads(ctx).call_scope.get(id(call), ctx.tree))
+        scope = payloads(ctx).call_scope.get(id(call), ctx.tree)
+        if any(
+            isinstance(c, ast.ClassDef) and start_of(c) <= start_of(call) <= end_of(c)
+            for c in own_nodes(scope)
+        ):
+            return None  # in a class body: its own bindings, which this does not read
+        bindings = _scope(ctx, scope)
         values = bindings.values.get(key, [])
         if key in bindings.other or not values:
             return None
