@@ -23,12 +23,7 @@ from safetorch.check.engine import UNSAFE, Context, Edit, Fix, end_position
 from safetorch.check.fixer import import_edit, parents
 from safetorch.check.rules import _load_flow as flow
 from safetorch.check.rules import _receivers as receivers
-from safetorch.check.rules._helpers import (
-    call_arg,
-    find_keyword,
-    has_double_star,
-    has_star,
-)
+from safetorch.check.rules._helpers import call_arg, find_keyword, has_double_star, has_star
 
 __all__ = [
     "NUMPY_ALLOW",

@@ -208,14 +208,11 @@ def cuda_save(ctx: Context, call: ast.Call) -> Optional[flow.Save]:
     if shape is None:
         return None
     found = flow.candidates(ctx, call)
-    function = getattr(flow.file_of(ctx).scope_of(call), "name", "")
-    same = [
-        s for s in found if s.path == here and s.shape.text == shape.text and s.function == function
-    ]
+    same = _same_function_saves(ctx, call, shape)
     if same:
         found = same  # the save of the very path it loads (a cache: load if it exists)
     named_load = shape.exact is not None or bool(shape.suffix.strip("./"))
-    base = _file_name(ctx, call, shape)
+    base = _file_name(call, shape)
     if base is not None:
         # The load names its file: only a save that names the same file writes it.
         found = [s for s in found if _names(s.shape, base)]
@@ -234,7 +231,7 @@ def cuda_save(ctx: Context, call: ast.Call) -> Optional[flow.Save]:
     return None
 
 
-def _file_name(ctx: Context, call: ast.Call, shape: flow.Shape) -> Optional[str]:
+def _file_name(call: ast.Call, shape: flow.Shape) -> Optional[str]:
     """The file name the load reads, where its path names one: the last part of its known
     end (``f"{base}/en_default_se.pth"``), or a literal file name given to the call that
     builds the path (``get_model_path("autoregressive.pth", models_dir)``); None for a
@@ -848,14 +845,19 @@ def saved_before(ctx: Context, call: ast.Call) -> bool:
     shape = flow.load_shape(ctx, call)
     if shape is None:
         return False
+    same = _same_function_saves(ctx, call, shape)
+    return bool(same) and all(s.line < call.lineno for s in same)
+
+
+def _same_function_saves(ctx: Context, call: ast.Call, shape: flow.Shape) -> List[flow.Save]:
+    """The saves of the very path ``call`` loads (the same text) in the function around it."""
     here = ctx.project.relpath(ctx.path)
     function = getattr(flow.file_of(ctx).scope_of(call), "name", "")
-    same = [
+    return [
         s
         for s in flow.candidates(ctx, call)
         if s.path == here and s.shape.text == shape.text and s.function == function
     ]
-    return bool(same) and all(s.line < call.lineno for s in same)
 
 
 def per_rank_file(ctx: Context, call: ast.Call) -> bool:

@@ -99,7 +99,7 @@ def file_classes(tree: ast.Module, path: str) -> FileClasses:
             own = {
                 item.name
                 for item in node.body
-                if isinstance(item, (*FUNCTION_DEFS,)) and item.name in _RETURNS_SELF
+                if isinstance(item, FUNCTION_DEFS) and item.name in _RETURNS_SELF
             }
             bases = [_UNKNOWN] if node.keywords or node.decorator_list or own else []
             for base in node.bases:
@@ -128,7 +128,7 @@ def file_classes(tree: ast.Module, path: str) -> FileClasses:
             and var_key(node) is None
         ):
             other.add(node.attr)  # nets.Vocoder = nets.SpeakerNet (not self.x)
-        elif isinstance(node, (*FUNCTION_DEFS,)):
+        elif isinstance(node, FUNCTION_DEFS):
             other.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
@@ -152,7 +152,8 @@ def _clean_classes(ctx: Context, owners: FrozenSet[str]) -> Set[str]:
     """The project's classes that provably neither define nor inherit their own
     ``load_state_dict``: every definition of the name has only ``torch.nn`` bases or clean
     classes of the project, and nothing else binds the name."""
-    cached = ctx.cache.get("ST003-clean-classes")
+    key = "ST003-clean-classes:" + ",".join(sorted(owners))
+    cached = ctx.cache.get(key)
     if cached is not None:
         return cached
     classes: Dict[str, List[Tuple[str, ...]]] = {}
@@ -175,7 +176,7 @@ def _clean_classes(ctx: Context, owners: FrozenSet[str]) -> Set[str]:
             ):
                 clean.add(name)
                 grew = True
-    ctx.cache["ST003-clean-classes"] = clean
+    ctx.cache[key] = clean
     return clean
 
 
@@ -203,6 +204,8 @@ class _Scope:
                 self.other.update((a.asname or a.name).split(".")[0] for a in node.names)
             elif _captured(node):
                 self.other.update(_captured(node))
+        # the class bodies of the scope: a call there reads the class's own bindings
+        self.classes = [n for n in nodes if isinstance(n, ast.ClassDef)]
         for node in nodes:
             if isinstance(node, (*FUNCTION_DEFS, ast.ClassDef)):
                 self.other.add(node.name)
@@ -270,13 +273,9 @@ def receiver_classes(
             for lam in lambdas
         ):
             return None
-        scope = payloads(ctx).call_scope.get(id(call), ctx.tree)
-        if any(
-            isinstance(c, ast.ClassDef) and start_of(c) <= start_of(call) <= end_of(c)
-            for c in own_nodes(scope)
-        ):
+        bindings = _scope(ctx, payloads(ctx).call_scope.get(id(call), ctx.tree))
+        if any(start_of(c) <= start_of(call) <= end_of(c) for c in bindings.classes):
             return None  # in a class body: its own bindings, which this does not read
-        bindings = _scope(ctx, scope)
         values = bindings.values.get(key, [])
         if key in bindings.other or not values:
             return None

@@ -359,9 +359,6 @@ def _downloaded(ctx: Context, call: ast.Call) -> bool:
     return False
 
 
-# A receiver of ``load_state_dict`` that is not a module (it accepts any values).
-
-
 def _strict_state_dict_use(ctx: Context, call: ast.Call) -> bool:
     """The loaded object goes only into strict ``module.load_state_dict(...)`` calls: directly
     (``model.load_state_dict(torch.load(p))``) or through a name used for nothing else. A
